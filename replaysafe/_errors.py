@@ -1,0 +1,95 @@
+"""Exceptions and warnings. Every message names the call and says what to do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._records import CallKey
+
+
+def describe(tool_name: str | None, key: CallKey | None) -> str:
+    """The call as error messages name it: ``tool (thread_id=… message_id=… tool_call_id=…)``."""
+    tool = tool_name or "<unknown tool>"
+    return f"{tool} ({key})" if key is not None else tool
+
+
+class ReplaySafeError(Exception):
+    """Base class of every error replaysafe raises."""
+
+    def __init__(self, message: str, *, tool_name: str | None = None, key: CallKey | None = None) -> None:
+        super().__init__(message)
+        self.tool_name = tool_name
+        self.key = key
+
+
+class ReplayMismatchError(ReplaySafeError):
+    """The call key is recorded for a different tool or different arguments."""
+
+
+class CallInProgressError(ReplaySafeError):
+    """Another live worker still runs this call and did not finish within the wait."""
+
+
+class CallInDoubtError(ReplaySafeError):
+    """The call's owner died (or gave up) while the tool ran: its side effect may have happened."""
+
+
+class LedgerError(ReplaySafeError):
+    """The ledger could not be read or written.
+
+    ``result`` holds the tool's return value when the tool ran but its record could
+    not be written, so that nothing is lost.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tool_name: str | None = None,
+        key: CallKey | None = None,
+        transient: bool = False,
+        result: Any = None,
+    ) -> None:
+        super().__init__(message, tool_name=tool_name, key=key)
+        self.transient = transient
+        self.result = result
+
+
+class MissingCallIdError(ReplaySafeError):
+    """A protected tool was called without a thread, message or tool call id."""
+
+
+class ArgumentDigestError(ReplaySafeError, TypeError):
+    """An argument is not data, so no stable digest of the call exists."""
+
+
+class ResultEncodingError(ReplaySafeError, TypeError):
+    """A tool's result cannot be encoded by the ledger's serializer."""
+
+
+class RecordedToolError(ReplaySafeError):
+    """Replay of a call whose tool raised, recorded with ``record_errors``.
+
+    Carries the original exception's type name and message; it is never unpickled.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_type: str,
+        error_message: str,
+        tool_name: str | None = None,
+        key: CallKey | None = None,
+    ) -> None:
+        super().__init__(message, tool_name=tool_name, key=key)
+        self.error_type = error_type
+        self.error_message = error_message
+
+
+class ReplaySafeWarning(UserWarning):
+    """Base class of replaysafe's warnings about unprotected calls."""
+
+
+class UnprotectedCallWarning(ReplaySafeWarning):
+    """A protected tool ran without protection (missing ids or no ledger)."""

@@ -1,0 +1,139 @@
+"""Stable digests of calls and arguments, idempotency keys and owner tokens."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import hashlib
+import itertools
+import json
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ._errors import ArgumentDigestError
+
+# Canonical JSON: sorted keys, no whitespace, unicode kept as is. Equal data gives
+# equal bytes in every process, whatever the hash seed.
+_canonical = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True, default=lambda o: _canonical_default(o)
+).encode
+
+
+def _canonical_default(obj: Any) -> Any:
+    """Tag values JSON has no type for, so that ``"2026-01-01"`` and a date differ."""
+    if isinstance(obj, dt.datetime):
+        return ["$datetime", obj.isoformat()]
+    if isinstance(obj, dt.date):
+        return ["$date", obj.isoformat()]
+    if isinstance(obj, dt.time):
+        return ["$time", obj.isoformat()]
+    if isinstance(obj, decimal.Decimal):
+        return ["$decimal", str(obj)]
+    if isinstance(obj, uuid.UUID):
+        return ["$uuid", str(obj)]
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return ["$bytes", base64.b64encode(bytes(obj)).decode("ascii")]
+    if isinstance(obj, (set, frozenset)):
+        return ["$set", sorted(_canonical(item) for item in obj)]
+    if isinstance(obj, enum.Enum):
+        return ["$enum", type(obj).__qualname__, obj.value]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        return ["$dataclass", type(obj).__qualname__, fields]
+    model_dump = getattr(obj, "model_dump", None)
+    if callable(model_dump):  # a pydantic model
+        return ["$model", type(obj).__qualname__, model_dump(mode="json")]
+    raise TypeError(type(obj).__qualname__)
+
+
+def _sha256(text: str) -> str:
+    # surrogatepass: a lone surrogate in an id or argument must digest, not crash.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def args_digest(arguments: Mapping[str, Any], *, tool_name: str) -> str:
+    """The digest of a call's arguments, bound by name; stable across processes."""
+    try:
+        return _sha256(_canonical(arguments))
+    except (TypeError, ValueError) as exc:
+        name = _offending_argument(arguments)
+        raise ArgumentDigestError(
+            f"cannot digest argument {name!r} of {tool_name} ({exc}): it is not data. "
+            f"Leave it out of the digest with @replay_safe(exclude_args=({name!r},)).",
+            tool_name=tool_name,
+        ) from exc
+
+
+def _offending_argument(arguments: Mapping[str, Any]) -> str:
+    for name, value in arguments.items():
+        try:
+            _canonical(value)
+        except (TypeError, ValueError):
+            return name
+    return "?"  # pragma: no cover - only reached when the mapping itself cannot encode
+
+
+def key_digest(thread_id: str, message_id: str, tool_call_id: str) -> str:
+    """One fixed-size key for three ids of any length (a btree cannot hold 3 x 64 KB)."""
+    return _sha256(_canonical([thread_id, message_id, tool_call_id]))
+
+
+def idempotency_key(*parts: Any, namespace: str | None = None) -> str:
+    """A deterministic key to hand to a payment or email provider.
+
+    Built from stable inputs such as an order id, never from a random value or a
+    clock: the same parts give the same key in every process. It is ``rs-`` and 40
+    lowercase hex digits, which fits Stripe's 255-character limit and the
+    alphabets email APIs accept.
+    """
+    if not parts:
+        raise ValueError("idempotency_key() needs at least one part, such as an order id")
+    try:
+        text = _canonical([namespace, list(parts)])
+    except (TypeError, ValueError) as exc:
+        raise ArgumentDigestError(f"idempotency_key() parts must be data (str, int, UUID, ...); got {exc}") from exc
+    return "rs-" + _sha256(text)[:40]
+
+
+def call_idempotency_key(thread_id: str, message_id: str, tool_call_id: str, tool_name: str) -> str:
+    """The key ``current_call().idempotency_key`` gives: the same on every attempt and replay."""
+    return idempotency_key(thread_id, message_id, tool_call_id, tool_name, namespace="replaysafe.call")
+
+
+def _process_start() -> str:
+    """The process's start time (clock ticks since boot on Linux), to tell a reused pid apart."""
+    try:
+        with open(f"/proc/{os.getpid()}/stat", "rb") as stat:
+            # Field 22; the command name (field 2) may hold spaces, so split after its ')'.
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return f"t{int(dt.datetime.now(dt.timezone.utc).timestamp() * 1e6)}"
+
+
+class _ProcessOwner:
+    """``host:pid:start``, recomputed after a fork, plus a counter for each claim."""
+
+    def __init__(self) -> None:
+        self.reset()
+        os.register_at_fork(after_in_child=self.reset)
+
+    def reset(self) -> None:
+        self.prefix = f"{socket.gethostname()}:{os.getpid()}:{_process_start()}#"
+        self.counter = itertools.count(1)
+
+    def token(self) -> str:
+        return f"{self.prefix}{next(self.counter)}"
+
+
+_owner = _ProcessOwner()
+
+
+def owner_token() -> str:
+    """A token unique to one protected call in this process: ``host:pid:start#n``."""
+    return _owner.token()

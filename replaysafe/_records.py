@@ -1,0 +1,63 @@
+"""What a ledger stores: the call key, the record and its status."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from datetime import datetime
+from typing import NamedTuple
+
+
+class Status(str, enum.Enum):
+    """The stored state of one tool call."""
+
+    #: Claimed by an owner whose tool is running (or whose process died: see ``in_doubt``).
+    RUNNING = "running"
+    #: The tool returned; ``result`` holds its encoded return value.
+    COMPLETED = "completed"
+    #: The tool raised and the decorator records errors; ``result`` holds the error.
+    FAILED = "failed"
+    #: The owner gave up without knowing whether the side effect happened.
+    IN_DOUBT = "in_doubt"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class CallKey(NamedTuple):
+    """The stable identity of one tool call: ``(thread_id, message_id, tool_call_id)``."""
+
+    thread_id: str
+    message_id: str
+    tool_call_id: str
+
+    def __str__(self) -> str:
+        return f"thread_id={self.thread_id!r} message_id={self.message_id!r} tool_call_id={self.tool_call_id!r}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Record:
+    """One row of a ledger."""
+
+    key: CallKey
+    tool_name: str
+    args_digest: str
+    status: Status
+    #: The encoded result (``COMPLETED``) or error (``FAILED``); ``None`` otherwise.
+    result: str | None
+    #: Who claimed it: ``host:pid:process-start#n`` (see ``replaysafe._identity.owner_token``).
+    owner: str
+    attempt: int
+    created_at: datetime
+    updated_at: datetime
+    #: Until when the owner of a ``RUNNING`` record is presumed alive.
+    lease_expires_at: datetime
+    #: When a finished record stops counting (``ttl``); ``None`` keeps it forever.
+    expires_at: datetime | None = None
+
+
+class ClaimResult(NamedTuple):
+    """What ``Ledger.claim`` found: a record, and whether this caller now owns it."""
+
+    record: Record
+    claimed: bool

@@ -1,0 +1,358 @@
+"""The ``tool_executions`` table and the statements every SQL ledger shares.
+
+SQLite and PostgreSQL use one schema. The call key is a SHA-256 digest of the
+three ids (a btree entry cannot hold three ids of up to 64 KB each); the raw ids
+stay in plain columns for inspection.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Engine
+from sqlalchemy.schema import CreateIndex, CreateTable
+
+from .._clock import utcnow
+from .._identity import key_digest
+from .._records import CallKey, ClaimResult, Record, Status
+from ._protocol import LedgerBase, RetryPolicy
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+def check_identifier(what: str, name: str) -> str:
+    """Table and schema names are validated identifiers: nothing else reaches SQL text."""
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
+        raise ValueError(f"{what} {name!r} is not a valid SQL identifier: use letters, digits and _ (max 63)")
+    return name
+
+
+class UtcDateTime(sa.TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive, in UTC)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: sa.Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        value = value.astimezone(dt.timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: sa.Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+
+
+def tool_executions_table(metadata: sa.MetaData, name: str) -> sa.Table:
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("call_key", sa.String(64), primary_key=True),  # sha256(thread, message, tool call)
+        sa.Column("thread_id", sa.Text, nullable=False),
+        sa.Column("message_id", sa.Text, nullable=False),
+        sa.Column("tool_call_id", sa.Text, nullable=False),
+        sa.Column("tool_name", sa.Text, nullable=False),
+        sa.Column("args_digest", sa.String(64), nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("result", sa.Text, nullable=True),
+        sa.Column("owner", sa.Text, nullable=False),
+        sa.Column("attempt", sa.Integer, nullable=False),
+        sa.Column("created_at", UtcDateTime, nullable=False),
+        sa.Column("updated_at", UtcDateTime, nullable=False),
+        sa.Column("lease_expires_at", UtcDateTime, nullable=False),
+        sa.Column("expires_at", UtcDateTime, nullable=True),
+        sa.Index(f"{name}_thread_id_idx", "thread_id"),
+        sa.Index(
+            f"{name}_expires_at_idx",
+            "expires_at",
+            sqlite_where=sa.text("expires_at IS NOT NULL"),
+            postgresql_where=sa.text("expires_at IS NOT NULL"),
+        ),
+    )
+
+
+_COLUMNS = (
+    "thread_id",
+    "message_id",
+    "tool_call_id",
+    "tool_name",
+    "args_digest",
+    "status",
+    "result",
+    "owner",
+    "attempt",
+    "created_at",
+    "updated_at",
+    "lease_expires_at",
+    "expires_at",
+)
+
+
+def row_to_record(row: Any) -> Record:
+    return Record(
+        key=CallKey(row.thread_id, row.message_id, row.tool_call_id),
+        tool_name=row.tool_name,
+        args_digest=row.args_digest,
+        status=Status(row.status),
+        result=row.result,
+        owner=row.owner,
+        attempt=row.attempt,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        lease_expires_at=row.lease_expires_at,
+        expires_at=row.expires_at,
+    )
+
+
+# Ledgers whose pooled connections a forked child must not reuse.
+_open_ledgers: weakref.WeakSet[SqlLedger] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for ledger in list(_open_ledgers):
+        ledger._forget_parent_connections()
+
+
+class SqlLedger(LedgerBase):
+    """A ledger in one SQL table, through SQLAlchemy Core. Subclasses pick the dialect."""
+
+    transient_errors: tuple[type[BaseException], ...] = (
+        sa_exc.OperationalError,
+        sa_exc.InterfaceError,
+        sa_exc.DisconnectionError,
+        sa_exc.TimeoutError,
+    )
+
+    def __init__(
+        self,
+        engine: Engine | None,
+        *,
+        url: str | sa.URL | None = None,
+        table: str,
+        schema: str | None,
+        ttl: float | None,
+        create_schema: bool,
+        retry: RetryPolicy | None,
+    ) -> None:
+        super().__init__(retry=retry)
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
+        self.ttl = dt.timedelta(seconds=ttl) if ttl else None
+        self.create_schema = create_schema
+        metadata = sa.MetaData(schema=check_identifier("schema", schema) if schema is not None else None)
+        self.table = tool_executions_table(metadata, check_identifier("table", table))
+        self._url = url
+        self._engine = engine
+        self._owns_engine = engine is None
+        self._schema_ready = False
+        _open_ledgers.add(self)
+
+    # --- engine lifecycle ------------------------------------------------------
+
+    def _create_engine(self) -> Engine:
+        raise NotImplementedError
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine, created (with the table) on first use."""
+        if self._engine is None:
+            self._engine = self._create_engine()
+            self._owns_engine = True
+        if not self._schema_ready:
+            if self.create_schema:
+                self._create_table(self._engine)
+            self._schema_ready = True
+        return self._engine
+
+    def _create_table(self, engine: Engine) -> None:
+        with engine.begin() as conn:
+            conn.execute(CreateTable(self.table, if_not_exists=True))
+            for index in self.table.indexes:
+                conn.execute(CreateIndex(index, if_not_exists=True))
+
+    def ddl(self, dialect: sa.Dialect) -> list[str]:
+        """The DDL of the table and its indexes, for an operator's own migrations."""
+        statements: list[CreateTable | CreateIndex] = [CreateTable(self.table, if_not_exists=True)]
+        statements += [CreateIndex(i, if_not_exists=True) for i in self.table.indexes]
+        return [str(s.compile(dialect=dialect)).strip() for s in statements]
+
+    def _forget_parent_connections(self) -> None:
+        if self._engine is not None and self._owns_engine:
+            self._engine.dispose(close=False)
+
+    def close(self) -> None:
+        if self._engine is not None and self._owns_engine:
+            self._engine.dispose()
+            self._engine = None
+            self._schema_ready = False
+
+    # --- the protocol ------------------------------------------------------------
+
+    def _insert(self) -> Any:
+        """The dialect's INSERT, with ``on_conflict_do_update``."""
+        raise NotImplementedError
+
+    def _where_key(self, key: CallKey) -> Any:
+        return self.table.c.call_key == key_digest(*key)
+
+    def _live(self, now: dt.datetime) -> Any:
+        expires_at = self.table.c.expires_at
+        return sa.or_(expires_at.is_(None), expires_at > now)
+
+    def claim(
+        self,
+        key: CallKey,
+        *,
+        tool_name: str,
+        args_digest: str,
+        owner: str,
+        now: dt.datetime,
+        lease_expires_at: dt.datetime,
+    ) -> ClaimResult:
+        record = Record(
+            key=key,
+            tool_name=tool_name,
+            args_digest=args_digest,
+            status=Status.RUNNING,
+            result=None,
+            owner=owner,
+            attempt=1,
+            created_at=now,
+            updated_at=now,
+            lease_expires_at=lease_expires_at,
+        )
+        values = self._values(record)
+        insert = self._insert().values(values)
+        # A record whose ttl ran out counts as absent: the claim replaces it atomically.
+        insert = insert.on_conflict_do_update(
+            index_elements=[self.table.c.call_key],
+            set_={name: insert.excluded[name] for name in _COLUMNS},
+            where=self.table.c.expires_at <= now,
+        )
+        with self.engine.connect() as conn:
+            while True:
+                if conn.execute(insert).rowcount == 1:
+                    return ClaimResult(record, True)
+                row = conn.execute(sa.select(self.table).where(self._where_key(key))).first()
+                if row is not None:
+                    return ClaimResult(row_to_record(row), False)
+                # Released between our insert and our read: claim again.
+
+    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
+        c = self.table.c
+        statement = (
+            sa.update(self.table)
+            .where(
+                self._where_key(record.key),
+                c.owner == record.owner,
+                c.attempt == record.attempt,
+                c.status == record.status.value,
+            )
+            .values(
+                status=Status.RUNNING.value,
+                result=None,
+                owner=owner,
+                attempt=record.attempt + 1,
+                updated_at=now,
+                lease_expires_at=lease_expires_at,
+                expires_at=None,
+            )
+        )
+        with self.engine.connect() as conn:
+            if conn.execute(statement).rowcount != 1:
+                return None
+        return Record(
+            key=record.key,
+            tool_name=record.tool_name,
+            args_digest=record.args_digest,
+            status=Status.RUNNING,
+            result=None,
+            owner=owner,
+            attempt=record.attempt + 1,
+            created_at=record.created_at,
+            updated_at=now,
+            lease_expires_at=lease_expires_at,
+        )
+
+    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
+        c = self.table.c
+        expires_at = now + self.ttl if self.ttl is not None and status is not Status.IN_DOUBT else None
+        statement = (
+            sa.update(self.table)
+            # Fenced: only the claim's owner finishes it. Its own finished record
+            # matches too, so a write tried again after a lost answer succeeds.
+            .where(self._where_key(key), c.owner == owner, c.status.in_([Status.RUNNING.value, status.value]))
+            .values(status=status.value, result=result, updated_at=now, expires_at=expires_at)
+        )
+        with self.engine.connect() as conn:
+            return bool(conn.execute(statement).rowcount == 1)
+
+    def release(self, key: CallKey, *, owner: str) -> bool:
+        c = self.table.c
+        statement = sa.delete(self.table).where(
+            self._where_key(key), c.owner == owner, c.status == Status.RUNNING.value
+        )
+        with self.engine.connect() as conn:
+            return bool(conn.execute(statement).rowcount == 1)
+
+    def get(self, key: CallKey) -> Record | None:
+        statement = sa.select(self.table).where(self._where_key(key), self._live(utcnow()))
+        with self.engine.connect() as conn:
+            row = conn.execute(statement).first()
+        return row_to_record(row) if row is not None else None
+
+    def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
+        by_digest = {key_digest(*key): key for key in keys}
+        if not by_digest:
+            return {}
+        statement = sa.select(self.table).where(self.table.c.call_key.in_(list(by_digest)), self._live(utcnow()))
+        with self.engine.connect() as conn:
+            records = [row_to_record(row) for row in conn.execute(statement)]
+        return {record.key: record for record in records}
+
+    def delete(self, key: CallKey) -> bool:
+        with self.engine.connect() as conn:
+            return bool(conn.execute(sa.delete(self.table).where(self._where_key(key))).rowcount == 1)
+
+    def purge_thread(self, thread_id: str) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.delete(self.table).where(self.table.c.thread_id == thread_id)).rowcount)
+
+    def records(self, *, thread_id: str | None = None) -> Iterator[Record]:
+        statement = sa.select(self.table).where(self._live(utcnow()))
+        if thread_id is not None:
+            statement = statement.where(self.table.c.thread_id == thread_id)
+        statement = statement.order_by(self.table.c.created_at, self.table.c.call_key)
+        with self.engine.connect() as conn:
+            rows = conn.execute(statement).fetchall()
+        return iter([row_to_record(row) for row in rows])
+
+    def _values(self, record: Record) -> dict[str, Any]:
+        return {
+            "call_key": key_digest(*record.key),
+            "thread_id": record.key.thread_id,
+            "message_id": record.key.message_id,
+            "tool_call_id": record.key.tool_call_id,
+            "tool_name": record.tool_name,
+            "args_digest": record.args_digest,
+            "status": record.status.value,
+            "result": record.result,
+            "owner": record.owner,
+            "attempt": record.attempt,
+            "created_at": record.created_at,
+            "updated_at": record.updated_at,
+            "lease_expires_at": record.lease_expires_at,
+            "expires_at": record.expires_at,
+        }
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
