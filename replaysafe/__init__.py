@@ -26,6 +26,8 @@ from ._records import CallKey, ClaimResult, Record, Status
 from .ledgers import Ledger, MemoryLedger, open_ledger
 
 if TYPE_CHECKING:
+    from .ledgers.postgres import PostgresLedger
+    from .ledgers.redis import RedisLedger
     from .ledgers.sqlite import SqliteLedger
 
 __all__ = [
@@ -40,8 +42,10 @@ __all__ = [
     "LedgerError",
     "MemoryLedger",
     "MissingCallIdError",
+    "PostgresLedger",
     "Record",
     "RecordedToolError",
+    "RedisLedger",
     "ReplayMismatchError",
     "ReplaySafeError",
     "ReplaySafeWarning",
@@ -60,9 +64,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # SQLAlchemy is imported only when a SQL ledger is first used.
-    if name == "SqliteLedger":
-        from .ledgers.sqlite import SqliteLedger
+    # SQLAlchemy, psycopg and redis are imported only when their ledger is first used.
+    if name in ("PostgresLedger", "RedisLedger", "SqliteLedger"):
+        from . import ledgers
 
-        return SqliteLedger
+        return getattr(ledgers, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

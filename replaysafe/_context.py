@@ -20,6 +20,8 @@ class CallScope:
 
     key: CallKey
     ledger: Ledger | None = None
+    #: Exceptions that pause the call (human in the loop): the claim is released, never recorded.
+    pauses: tuple[type[BaseException], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,6 +62,9 @@ class tool_call:  # noqa: N801 - used like a function: `with tool_call(...):`
     A hand-written agent loop wraps each tool call in it; adapters set it for their
     framework. The value lives in a context variable, so parallel calls in threads or
     asyncio tasks each carry their own. One block identifies one tool call.
+
+    ``pauses`` names exceptions a host framework raises to pause a call for a human
+    (LangGraph's ``GraphInterrupt``): its claim is released, and the call is neither recorded nor in doubt.
     """
 
     __slots__ = ("_tokens", "scope")
@@ -71,13 +76,14 @@ class tool_call:  # noqa: N801 - used like a function: `with tool_call(...):`
         tool_call_id: str | None,
         *,
         ledger: Ledger | None = None,
+        pauses: tuple[type[BaseException], ...] = (),
     ) -> None:
         key = CallKey(
             _check_id("thread_id", thread_id),
             _check_id("message_id", message_id),
             _check_id("tool_call_id", tool_call_id),
         )
-        self.scope = CallScope(key=key, ledger=ledger)
+        self.scope = CallScope(key=key, ledger=ledger, pauses=tuple(pauses))
         self._tokens: list[contextvars.Token[CallScope | None]] = []
 
     def __enter__(self) -> CallKey:

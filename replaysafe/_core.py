@@ -20,7 +20,7 @@ from typing import Any, Literal
 from . import _constants
 from ._clock import utcnow
 from ._codec import Reviver, Serializer, reviver_for
-from ._context import CallInfo
+from ._context import CallInfo, CallScope
 from ._errors import (
     CallInProgressError,
     LedgerError,
@@ -220,9 +220,10 @@ def recorded_error(spec: ToolSpec, record: Record) -> RecordedToolError:
 
 
 def replay(
-    spec: ToolSpec, key: CallKey, args_digest: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    spec: ToolSpec, scope: CallScope, args_digest: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> Protocol:
     """Claim the call; replay, wait for, or run and record it. Returns the tool's result."""
+    key = scope.key
     owner = owner_token()
     deadline: datetime | None = None
     backoff = _constants.WAIT_BACKOFF_FIRST
@@ -275,7 +276,7 @@ def replay(
             )
         yield Sleep(min(backoff, left))
         backoff = min(backoff * 2, _constants.WAIT_BACKOFF_MAX)
-    return (yield from _execute(spec, record, owner, args, kwargs))
+    return (yield from _execute(spec, scope, record, owner, args, kwargs))
 
 
 def _call_info(
@@ -293,14 +294,17 @@ def _call_info(
     )
 
 
-def _execute(spec: ToolSpec, record: Record, owner: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Protocol:
+def _execute(
+    spec: ToolSpec, scope: CallScope, record: Record, owner: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Protocol:
     """Run the claimed call and record how it ended."""
     key = record.key
     try:
         result = yield RunTool(_call_info(spec, key, record.attempt, args, kwargs))
     except Exception as exc:
         # The user's exception always wins: a failed cleanup is logged, never raised.
-        if spec.record_errors and isinstance(exc, spec.record_errors):
+        # A pause (human in the loop) is not an outcome: the call will run when resumed.
+        if spec.record_errors and isinstance(exc, spec.record_errors) and not isinstance(exc, scope.pauses):
             yield from _finish(spec, key, owner, Status.FAILED, encode_error(exc), fail_closed=False)
         else:
             yield from _release(spec, key, owner)

@@ -17,7 +17,7 @@ import wrapt
 from . import _constants
 from ._codec import JsonSerializer, Serializer
 from ._config import default_ledger
-from ._context import _current, _scope
+from ._context import CallScope, _current, _scope
 from ._core import Effect, LedgerOp, OnLedgerError, Protocol, RunTool, Sleep, ToolSpec, replay
 from ._errors import LedgerError, MissingCallIdError, UnprotectedCallWarning, describe
 from ._identity import args_digest
@@ -63,7 +63,7 @@ class _Tool:
 
     def plan(
         self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> tuple[Ledger, CallKey, str] | None:
+    ) -> tuple[Ledger, CallScope, str] | None:
         """The ledger, key and argument digest of a protected call; ``None`` to run it plainly."""
         if _current.get() is not None:
             return None  # called from inside another protected tool, whose record covers it
@@ -75,7 +75,7 @@ class _Tool:
         if scope is None or not all(scope.key):
             self._missing_ids(scope.key if scope is not None else None)
             return None
-        return ledger, scope.key, self.digest(instance, args, kwargs)
+        return ledger, scope, self.digest(instance, args, kwargs)
 
     def _missing_ids(self, key: CallKey | None) -> None:
         missing = "no tool_call(...) is set" if key is None else f"empty ids in ({key})"
@@ -302,8 +302,8 @@ def replay_safe(
             plan = tool.plan(instance, args, kwargs)
             if plan is None:
                 return await wrapped(*args, **kwargs)
-            ledger, key, digest = plan
-            return await _adrive(replay(spec, key, digest, args, kwargs), ledger, spec, wrapped)
+            ledger, scope, digest = plan
+            return await _adrive(replay(spec, scope, digest, args, kwargs), ledger, spec, wrapped)
 
         return protect_async(func)
 
@@ -312,7 +312,7 @@ def replay_safe(
         plan = tool.plan(instance, args, kwargs)
         if plan is None:
             return wrapped(*args, **kwargs)
-        ledger, key, digest = plan
-        return _drive(replay(spec, key, digest, args, kwargs), ledger, spec, wrapped)
+        ledger, scope, digest = plan
+        return _drive(replay(spec, scope, digest, args, kwargs), ledger, spec, wrapped)
 
     return protect(func)

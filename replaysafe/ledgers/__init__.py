@@ -1,13 +1,20 @@
-"""Ledgers: where protected calls are claimed and recorded."""
+"""Ledgers: where protected calls are claimed and recorded.
+
+Backends with heavier imports (SQLAlchemy, psycopg, redis) load on first use.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+import urllib.parse
+from typing import TYPE_CHECKING, Any
 
 from ._protocol import AsyncLedger, Ledger, LedgerBase, OffloadedAsyncLedger, RetryPolicy
 from .memory import MemoryLedger
 
 if TYPE_CHECKING:
+    from .postgres import PostgresLedger
+    from .redis import RedisLedger
     from .sqlite import SqliteLedger
 
 __all__ = [
@@ -16,22 +23,53 @@ __all__ = [
     "LedgerBase",
     "MemoryLedger",
     "OffloadedAsyncLedger",
+    "PostgresLedger",
+    "RedisLedger",
     "RetryPolicy",
     "SqliteLedger",
     "open_ledger",
 ]
 
+# Lazily imported backends: class name -> module.
+_BACKENDS = {"SqliteLedger": "sqlite", "PostgresLedger": "postgres", "RedisLedger": "redis"}
+# URL scheme -> class name.
+_SCHEMES = {
+    "sqlite": "SqliteLedger",
+    "postgres": "PostgresLedger",
+    "postgresql": "PostgresLedger",
+    "redis": "RedisLedger",
+    "rediss": "RedisLedger",
+    "unix": "RedisLedger",
+}
+# Ledger options a URL may carry in its query string, and their types.
+_URL_OPTIONS: dict[str, type] = {"table": str, "schema": str, "prefix": str, "ttl": float}
 
-def open_ledger(url: str) -> Ledger:
-    """The ledger a URL names: ``memory://`` or ``sqlite:///path/to/file.db``."""
-    scheme = url.partition(":")[0].lower()
-    if url.startswith("memory://"):
-        return MemoryLedger()
-    if scheme == "sqlite" or scheme.startswith("sqlite+"):
-        from .sqlite import SqliteLedger
 
-        return SqliteLedger(url)
-    raise ValueError(f"no ledger for the URL {_redact(url)!r}: expected memory:// or sqlite:///path/to/ledger.db")
+def open_ledger(url: str, **options: Any) -> Ledger:
+    """The ledger a URL names.
+
+    ``memory://``, ``sqlite:///path/to/file.db``, ``postgresql://user@host/db`` (also
+    ``postgresql+psycopg://``) and ``redis://host:6379/0``. Options go in the query
+    string (``?table=...&schema=...&prefix=...&ttl=...``) or as keyword arguments.
+    """
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower().partition("+")[0]
+    if scheme == "memory":
+        return MemoryLedger(**options)
+    name = _SCHEMES.get(scheme)
+    if name is None:
+        raise ValueError(
+            f"no ledger for the URL {_redact(url)!r}: expected memory://, sqlite:///path/to/ledger.db, "
+            "postgresql://user@host/db or redis://host:6379/0"
+        )
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    for option, value in query:
+        if option in _URL_OPTIONS:
+            options.setdefault(option, _URL_OPTIONS[option](value))
+    rest = urllib.parse.urlencode([(k, v) for k, v in query if k not in _URL_OPTIONS])
+    backend: Any = getattr(importlib.import_module(f".{_BACKENDS[name]}", __name__), name)
+    ledger: Ledger = backend(urllib.parse.urlunsplit(parts._replace(query=rest)), **options)
+    return ledger
 
 
 def _redact(url: str) -> str:
@@ -45,9 +83,6 @@ def _redact(url: str) -> str:
 
 
 def __getattr__(name: str) -> object:
-    # Backends with heavier imports load on first use.
-    if name == "SqliteLedger":
-        from .sqlite import SqliteLedger
-
-        return SqliteLedger
+    if name in _BACKENDS:
+        return getattr(importlib.import_module(f".{_BACKENDS[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
