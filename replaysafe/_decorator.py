@@ -87,7 +87,7 @@ class _Tool:
             raise MissingCallIdError(message, tool_name=self.spec.name, key=key)
         if not self.warned_missing:
             self.warned_missing = True
-            warnings.warn(message, UnprotectedCallWarning, stacklevel=5)
+            warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
 
 
 def _warn_no_ledger(tool_name: str) -> None:
@@ -99,7 +99,7 @@ def _warn_no_ledger(tool_name: str) -> None:
             "Pass @replay_safe(ledger=...), call replaysafe.set_default_ledger(...), or set "
             f"{_constants.LEDGER_URL_ENV}.",
             UnprotectedCallWarning,
-            stacklevel=5,
+            stacklevel=4,
         )
 
 

@@ -62,13 +62,15 @@ def open_ledger(url: str, **options: Any) -> Ledger:
             f"no ledger for the URL {_redact(url)!r}: expected memory://, sqlite:///path/to/ledger.db, "
             "postgresql://user@host/db or redis://host:6379/0"
         )
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    base, _, query_text = url.partition("?")
+    query = urllib.parse.parse_qsl(query_text, keep_blank_values=True)
     for option, value in query:
         if option in _URL_OPTIONS:
             options.setdefault(option, _URL_OPTIONS[option](value))
     rest = urllib.parse.urlencode([(k, v) for k, v in query if k not in _URL_OPTIONS])
     backend: Any = getattr(importlib.import_module(f".{_BACKENDS[name]}", __name__), name)
-    ledger: Ledger = backend(urllib.parse.urlunsplit(parts._replace(query=rest)), **options)
+    # Rebuilt by hand: urlunsplit would turn sqlite:////abs/path into sqlite://abs/path.
+    ledger: Ledger = backend(f"{base}?{rest}" if rest else base, **options)
     return ledger
 
 

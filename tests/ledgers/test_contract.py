@@ -1,0 +1,213 @@
+"""The ledger protocol, run on every backend: atomic claims, fencing, lookups."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from replaysafe import CallKey, Ledger, Status
+from replaysafe.ledgers import Ledger as LedgerProtocol
+
+NOW = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+LEASE = NOW + timedelta(seconds=330)
+
+
+def new_key(thread: str | None = None, message: str = "msg_1", call: str = "call_1") -> CallKey:
+    return CallKey(thread or f"t-{uuid.uuid4().hex[:8]}", message, call)
+
+
+def claim(ledger: Ledger, key: CallKey, owner: str = "host:1:1#1", now: datetime = NOW):  # type: ignore[no-untyped-def]
+    return ledger.claim(
+        key, tool_name="refund_order", args_digest="d" * 64, owner=owner, now=now, lease_expires_at=now + (LEASE - NOW)
+    )
+
+
+def test_is_a_ledger(ledger: Ledger) -> None:
+    """Every backend satisfies the runtime-checkable protocol."""
+    assert isinstance(ledger, LedgerProtocol)
+
+
+def test_first_claim_creates_a_running_record(ledger: Ledger) -> None:
+    """A first claim owns a new running record, attempt 1, with aware UTC times."""
+    key = new_key()
+    found = claim(ledger, key)
+    assert found.claimed
+    assert found.record.status is Status.RUNNING
+    assert found.record.attempt == 1
+    stored = ledger.get(key)
+    assert stored is not None
+    assert stored.status is Status.RUNNING
+    assert stored.owner == "host:1:1#1"
+    assert stored.created_at == NOW
+    assert stored.lease_expires_at == LEASE
+    assert stored.created_at.tzinfo is not None
+
+
+def test_second_claim_returns_the_existing_record(ledger: Ledger) -> None:
+    """A claim of a held key returns the holder's record and changes nothing."""
+    key = new_key()
+    claim(ledger, key, owner="a#1")
+    found = claim(ledger, key, owner="b#1")
+    assert not found.claimed
+    assert found.record.owner == "a#1"
+    stored = ledger.get(key)
+    assert stored is not None
+    assert stored.owner == "a#1"
+
+
+def test_complete_is_fenced_by_owner(ledger: Ledger) -> None:
+    """Only the owner completes; a stranger's write is refused and changes nothing."""
+    key = new_key()
+    claim(ledger, key, owner="a#1")
+    assert not ledger.complete(key, owner="b#1", status=Status.COMPLETED, result='"forged"', now=NOW)
+    assert ledger.complete(key, owner="a#1", status=Status.COMPLETED, result='"ok"', now=NOW)
+    stored = ledger.get(key)
+    assert stored is not None
+    assert (stored.status, stored.result) == (Status.COMPLETED, '"ok"')
+
+
+def test_complete_tried_again_after_a_lost_answer_succeeds(ledger: Ledger) -> None:
+    """The owner's repeated identical write succeeds (a retry after a lost reply)."""
+    key = new_key()
+    claim(ledger, key, owner="a#1")
+    assert ledger.complete(key, owner="a#1", status=Status.COMPLETED, result="1", now=NOW)
+    assert ledger.complete(key, owner="a#1", status=Status.COMPLETED, result="1", now=NOW)
+
+
+def test_complete_cannot_turn_a_failure_into_a_success(ledger: Ledger) -> None:
+    """A finished record is final: the owner cannot change its status."""
+    key = new_key()
+    claim(ledger, key, owner="a#1")
+    assert ledger.complete(key, owner="a#1", status=Status.FAILED, result="{}", now=NOW)
+    assert not ledger.complete(key, owner="a#1", status=Status.COMPLETED, result="1", now=NOW)
+
+
+def test_release_is_fenced_and_frees_the_key(ledger: Ledger) -> None:
+    """Release deletes only the owner's running record; then the key can be claimed anew."""
+    key = new_key()
+    claim(ledger, key, owner="a#1")
+    assert not ledger.release(key, owner="b#1")
+    assert ledger.release(key, owner="a#1")
+    assert ledger.get(key) is None
+    assert claim(ledger, key, owner="b#1").claimed
+
+
+def test_release_keeps_a_completed_record(ledger: Ledger) -> None:
+    """A completed record is never released."""
+    key = new_key()
+    claim(ledger, key, owner="a#1")
+    ledger.complete(key, owner="a#1", status=Status.COMPLETED, result="1", now=NOW)
+    assert not ledger.release(key, owner="a#1")
+    assert ledger.get(key) is not None
+
+
+def test_takeover_is_compare_and_set(ledger: Ledger) -> None:
+    """Takeover succeeds once from the record as read; a stale read loses."""
+    key = new_key()
+    first = claim(ledger, key, owner="a#1").record
+    later = NOW + timedelta(seconds=400)
+    taken = ledger.takeover(first, owner="b#1", now=later, lease_expires_at=later + timedelta(seconds=330))
+    assert taken is not None
+    assert (taken.owner, taken.attempt, taken.status) == ("b#1", 2, Status.RUNNING)
+    assert ledger.takeover(first, owner="c#1", now=later, lease_expires_at=later) is None
+    stored = ledger.get(key)
+    assert stored is not None
+    assert (stored.owner, stored.attempt) == ("b#1", 2)
+    # The old owner is fenced out.
+    assert not ledger.complete(key, owner="a#1", status=Status.COMPLETED, result="1", now=later)
+
+
+def test_takeover_of_an_in_doubt_record(ledger: Ledger) -> None:
+    """A record its owner marked in doubt can be taken over."""
+    key = new_key()
+    claim(ledger, key, owner="a#1")
+    assert ledger.complete(key, owner="a#1", status=Status.IN_DOUBT, result=None, now=NOW)
+    stored = ledger.get(key)
+    assert stored is not None
+    taken = ledger.takeover(stored, owner="b#1", now=NOW, lease_expires_at=LEASE)
+    assert taken is not None
+    assert taken.attempt == 2
+
+
+def test_threads_are_isolated(ledger: Ledger) -> None:
+    """The same message and call ids in two threads are two calls."""
+    one, two = new_key("thread-one"), new_key("thread-two")
+    assert claim(ledger, one).claimed
+    assert claim(ledger, two).claimed
+    assert ledger.purge_thread("thread-one") == 1
+    assert ledger.get(one) is None
+    assert ledger.get(two) is not None
+    ledger.purge_thread("thread-two")
+
+
+@pytest.mark.parametrize(
+    "thread_id",
+    ["a:b", "a}b", "{a}", "a*", "x y", "ünï©ødé 🚀", "x" * 1024, "'; DROP TABLE tool_executions; --", "a\\b", "%s"],
+)
+def test_hostile_ids_are_isolated(ledger: Ledger, thread_id: str) -> None:
+    """Ids with separators, patterns, quotes or unicode neither collide nor leak."""
+    key = CallKey(thread_id, "m:1", "c}1")
+    neighbour = CallKey(thread_id + "x", "m:1", "c}1")
+    assert claim(ledger, key).claimed
+    assert claim(ledger, neighbour).claimed
+    stored = ledger.get(key)
+    assert stored is not None
+    assert stored.key == key
+    assert ledger.purge_thread(thread_id) == 1
+    assert ledger.get(neighbour) is not None
+    ledger.purge_thread(thread_id + "x")
+
+
+def test_get_many_returns_only_existing(ledger: Ledger) -> None:
+    """get_many maps each existing key to its record and skips the rest."""
+    keys = [new_key("t-many", call=f"call_{i}") for i in range(5)]
+    for key in keys[:3]:
+        claim(ledger, key)
+    found = ledger.get_many(keys)
+    assert set(found) == set(keys[:3])
+    assert all(found[k].key == k for k in keys[:3])
+    assert ledger.get_many([]) == {}
+    ledger.purge_thread("t-many")
+
+
+def test_records_and_delete(ledger: Ledger) -> None:
+    """records() lists a thread's records oldest first; delete removes one."""
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    keys = [new_key(thread, call=f"call_{i}") for i in range(3)]
+    for i, key in enumerate(keys):
+        claim(ledger, key, now=NOW + timedelta(seconds=i))
+    assert [r.key for r in ledger.records(thread_id=thread)] == keys
+    assert ledger.delete(keys[0])
+    assert not ledger.delete(keys[0])
+    assert [r.key for r in ledger.records(thread_id=thread)] == keys[1:]
+    ledger.purge_thread(thread)
+
+
+async def test_async_operations(ledger: Ledger) -> None:
+    """The .aio view claims, completes and reads like the sync ledger."""
+    key = new_key()
+    found = await ledger.aio.claim(key, tool_name="t", args_digest="d", owner="a#1", now=NOW, lease_expires_at=LEASE)
+    assert found.claimed
+    assert not (
+        await ledger.aio.claim(key, tool_name="t", args_digest="d", owner="b#1", now=NOW, lease_expires_at=LEASE)
+    ).claimed
+    assert await ledger.aio.complete(key, owner="a#1", status=Status.COMPLETED, result="0", now=NOW)
+    stored = await ledger.aio.get(key)
+    assert stored is not None
+    assert stored.result == "0"
+    assert set(await ledger.aio.get_many([key])) == {key}
+
+
+async def test_async_claims_race(ledger: Ledger) -> None:
+    """Of many concurrent async claims of one key, exactly one wins."""
+    key = new_key()
+    results = await asyncio.gather(
+        *(
+            ledger.aio.claim(key, tool_name="t", args_digest="d", owner=f"o#{i}", now=NOW, lease_expires_at=LEASE)
+            for i in range(20)
+        )
+    )
+    assert sum(r.claimed for r in results) == 1
