@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import decimal
@@ -689,11 +690,8 @@ def test_parallel_threads_finished_siblings_are_skipped(ledger: Ledger) -> None:
 
         def one(i: int) -> None:
             name = f"c{i + 1}"
-            with tool_call(thread, "msg_1", name):
-                try:
-                    out[i] = step(name)
-                except RuntimeError:
-                    pass
+            with tool_call(thread, "msg_1", name), contextlib.suppress(RuntimeError):
+                out[i] = step(name)
 
         workers = [threading.Thread(target=one, args=(i,)) for i in range(3)]
         for w in workers:
