@@ -109,9 +109,12 @@ def _warn_no_ledger(tool_name: str) -> None:
 def _ledger_error(effect: LedgerOp, spec: ToolSpec, ledger: Ledger, exc: BaseException) -> LedgerError:
     operation = type(effect).__name__.lower()
     transient = isinstance(exc, ledger.transient_errors)
+    # A driver's own error, not SQLAlchemy's wrapper, whose text would quote the
+    # statement's parameters: those hold the tool's result.
+    cause = getattr(exc, "orig", None) or exc
     return LedgerError(
-        f"ledger {operation} failed for {describe(spec.name, effect.key)} on {ledger!r}: "
-        f"{type(exc).__name__}: {exc}. Check that the ledger is reachable and its table exists.",
+        f"ledger {operation} failed for {describe(spec.name, effect.key)} on {ledger!r} "
+        f"({type(cause).__name__}: {str(cause).strip()}). Check that the ledger is reachable and its table exists.",
         tool_name=spec.name,
         key=effect.key,
         transient=transient,
@@ -123,7 +126,7 @@ def _retrying_kwargs(ledger: Ledger) -> dict[str, Any]:
     return {
         "stop": tenacity.stop_after_attempt(max(ledger.retry.attempts - 1, 1))
         | tenacity.stop_after_delay(ledger.retry.max_seconds),
-        "wait": tenacity.wait_exponential_jitter(initial=0.01, max=0.1),
+        "wait": tenacity.wait_random_exponential(multiplier=0.01, max=0.1),
         "retry": tenacity.retry_if_exception_type(ledger.transient_errors),
         "reraise": True,
     }

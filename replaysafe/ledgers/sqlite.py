@@ -61,6 +61,7 @@ class SqliteLedger(SqlLedger):
         engine = sa.create_engine(
             self._url,  # type: ignore[arg-type]
             isolation_level="AUTOCOMMIT",  # every statement is its own atomic transaction
+            hide_parameters=True,  # parameters hold results: never in error messages or logs
             connect_args={"check_same_thread": False},
         )
         pragmas = (

@@ -1,0 +1,149 @@
+"""The replay protocol alone: its decisions, driven by hand, with no ledger and no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+
+from replaysafe import CallInProgressError, CallKey, ClaimResult, JsonSerializer, LedgerError, Record, Status
+from replaysafe._context import CallScope
+from replaysafe._core import Claim, Complete, Release, RunTool, Sleep, Takeover, ToolSpec, Verdict, judge, replay
+
+KEY = CallKey("t", "m", "c")
+NOW = datetime(2026, 12, 2, tzinfo=timezone.utc)
+SPEC = ToolSpec(
+    name="refund_order",
+    serializer=JsonSerializer(),
+    record_errors=(),
+    on_ledger_error="warn",
+    lease=timedelta(seconds=330),
+    wait_timeout=1.0,
+)
+
+
+@pytest.fixture(autouse=True)
+def _frozen_clock() -> Iterator[None]:
+    """The protocol reads the clock; leases below are relative to this instant."""
+    with freeze_time(NOW):
+        yield
+
+
+def record(status: Status, *, lease_left: float = 100, result: str | None = None, digest: str = "d") -> Record:
+    return Record(
+        KEY, "refund_order", digest, status, result, "other#1", 1, NOW, NOW, NOW + timedelta(seconds=lease_left)
+    )
+
+
+def start() -> Any:
+    protocol = replay(SPEC, CallScope(KEY), "d", ("1042",), {})
+    return protocol, next(protocol)
+
+
+def finish(protocol: Any, value: Any) -> Any:
+    with pytest.raises(StopIteration) as stop:
+        protocol.send(value)
+    return stop.value.value
+
+
+def test_a_miss_claims_runs_then_records() -> None:
+    """Claim -> run -> complete with the encoded result, in that order."""
+    protocol, effect = start()
+    assert isinstance(effect, Claim)
+    mine = record(Status.RUNNING)
+    run = protocol.send(ClaimResult(mine, True))
+    assert isinstance(run, RunTool)
+    assert run.call.attempt == 1
+    assert run.call.args == ("1042",)
+    complete = protocol.send("refunded")
+    assert isinstance(complete, Complete)
+    assert (complete.status, complete.result) == (Status.COMPLETED, '"refunded"')
+    assert finish(protocol, True) == "refunded"
+
+
+def test_a_hit_replays_without_running() -> None:
+    """A completed record ends the protocol with its decoded result: no RunTool effect."""
+    protocol, _ = start()
+    assert finish(protocol, ClaimResult(record(Status.COMPLETED, result="0"), False)) == 0
+
+
+def test_a_live_owner_is_waited_for_then_replayed() -> None:
+    """Running elsewhere: sleep, claim again, replay once it completed."""
+    protocol, _ = start()
+    assert isinstance(protocol.send(ClaimResult(record(Status.RUNNING), False)), Sleep)
+    assert isinstance(protocol.send(None), Claim)
+    assert finish(protocol, ClaimResult(record(Status.COMPLETED, result='"done"'), False)) == "done"
+
+
+def test_an_expired_lease_is_taken_over() -> None:
+    """A dead owner's record is taken over and the tool runs as attempt 2."""
+    protocol, _ = start()
+    stale = record(Status.RUNNING, lease_left=-1)
+    takeover = protocol.send(ClaimResult(stale, False))
+    assert isinstance(takeover, Takeover)
+    assert takeover.record == stale
+    run = protocol.send(Record(KEY, "refund_order", "d", Status.RUNNING, None, takeover.owner, 2, NOW, NOW, NOW))
+    assert isinstance(run, RunTool)
+    assert run.call.attempt == 2
+
+
+def test_a_lost_takeover_looks_again() -> None:
+    """When another worker took over first, the protocol claims again instead of running."""
+    protocol, _ = start()
+    protocol.send(ClaimResult(record(Status.RUNNING, lease_left=-1), False))
+    assert isinstance(protocol.send(None), Claim)
+
+
+def test_a_failed_claim_runs_unprotected_by_default() -> None:
+    """A LedgerError on the claim leads straight to running, with no record written."""
+    protocol, _ = start()
+    run = protocol.throw(LedgerError("down"))
+    assert isinstance(run, RunTool)
+    assert finish(protocol, "ran") == "ran"
+
+
+def test_a_tool_error_releases_and_propagates() -> None:
+    """The tool's exception is thrown in; the protocol releases, then re-raises it."""
+    protocol, _ = start()
+    protocol.send(ClaimResult(record(Status.RUNNING), True))
+    error = ValueError("declined")
+    assert isinstance(protocol.throw(error), Release)
+    with pytest.raises(ValueError, match="declined") as raised:
+        protocol.send(True)
+    assert raised.value is error
+
+
+def test_a_cleanup_failure_never_hides_the_tool_error() -> None:
+    """If the release itself fails, the user's exception still wins."""
+    protocol, _ = start()
+    protocol.send(ClaimResult(record(Status.RUNNING), True))
+    protocol.throw(ValueError("declined"))
+    with pytest.raises(ValueError, match="declined"):
+        protocol.throw(LedgerError("release failed"))
+
+
+def test_the_wait_is_bounded() -> None:
+    """When the wait deadline passes, CallInProgressError."""
+    spec = ToolSpec("refund_order", JsonSerializer(), (), "warn", timedelta(seconds=330), wait_timeout=0)
+    protocol = replay(spec, CallScope(KEY), "d", (), {})
+    next(protocol)
+    with pytest.raises(CallInProgressError):
+        protocol.send(ClaimResult(record(Status.RUNNING), False))
+
+
+@pytest.mark.parametrize(
+    ("status", "lease_left", "verdict"),
+    [
+        (Status.COMPLETED, 10, Verdict.REPLAY),
+        (Status.FAILED, 10, Verdict.RAISE_RECORDED),
+        (Status.RUNNING, 10, Verdict.WAIT),
+        (Status.RUNNING, 0, Verdict.IN_DOUBT),
+        (Status.IN_DOUBT, 10, Verdict.IN_DOUBT),
+    ],
+)
+def test_judge(status: Status, lease_left: float, verdict: Verdict) -> None:
+    """Each stored state maps to one verdict."""
+    assert judge(record(status, lease_left=lease_left), NOW) is verdict

@@ -1,0 +1,149 @@
+"""Argument digests, idempotency keys and owner tokens."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replaysafe import idempotency_key
+from replaysafe._identity import args_digest, key_digest, owner_token
+
+# JSON-like data with string keys: the domain the digest promises to be exact on.
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(),
+    st.datetimes(timezones=st.just(dt.timezone.utc)),
+    st.decimals(allow_nan=False),
+    st.uuids(),
+    st.binary(max_size=20),
+)
+data = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+)
+arguments = st.dictionaries(st.text(min_size=1, max_size=8), data, max_size=4)
+
+
+def canonical(value: Any) -> str:
+    """An independent canonical form: repr of a type-tagged tree, with dict keys sorted."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k!r}:{canonical(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(canonical(v) for v in value) + "]"
+    if isinstance(value, float) and value == 0:
+        return repr(value)  # 0.0 and -0.0 are different data
+    return f"{type(value).__name__}:{value!r}"
+
+
+@given(arguments)
+def test_digest_ignores_key_order(args: dict[str, Any]) -> None:
+    """Equal arguments in any order give one digest."""
+    shuffled = dict(reversed(list(args.items())))
+    assert args_digest(args, tool_name="t") == args_digest(shuffled, tool_name="t")
+
+
+@given(arguments, arguments)
+def test_different_arguments_give_different_digests(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Digests differ exactly when the arguments differ as typed data."""
+    same = canonical(a) == canonical(b)
+    assert (args_digest(a, tool_name="t") == args_digest(b, tool_name="t")) == same
+
+
+def test_digest_tells_types_apart() -> None:
+    """A string is not the date it spells, nor 1 the same as 1.0 or True."""
+    values = ["2026-01-01", dt.date(2026, 1, 1), 1, 1.0, True, "1", decimal.Decimal("1"), [1], {"1": 1}]
+    digests = {args_digest({"x": v}, tool_name="t") for v in values}
+    assert len(digests) == len(values)
+
+
+@settings(max_examples=5, deadline=None)
+@given(arguments)
+def test_digest_is_stable_across_processes(args: dict[str, Any]) -> None:
+    """Another interpreter with another hash seed computes the same digest."""
+    payload = json.dumps(_encode(args))
+    code = (
+        "import json,sys; from replaysafe._identity import args_digest; "
+        "from tests.test_identity import _decode; "
+        "print(args_digest(_decode(json.loads(sys.stdin.read())), tool_name='t'))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], input=payload, capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+    assert out == args_digest(args, tool_name="t")
+
+
+def _encode(value: Any) -> Any:
+    """A lossless JSON form of test data, to hand it to another process."""
+    if isinstance(value, dict):
+        return {"d": {k: _encode(v) for k, v in value.items()}}
+    if isinstance(value, list):
+        return {"l": [_encode(v) for v in value]}
+    if isinstance(value, dt.datetime):
+        return {"dt": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"dec": str(value)}
+    if isinstance(value, uuid.UUID):
+        return {"uuid": str(value)}
+    if isinstance(value, bytes):
+        return {"b": value.hex()}
+    if isinstance(value, float):
+        return {"f": value.hex()}
+    return {"v": value}
+
+
+def _decode(value: dict[str, Any]) -> Any:
+    ((tag, inner),) = value.items()
+    return {
+        "d": lambda v: {k: _decode(x) for k, x in v.items()},
+        "l": lambda v: [_decode(x) for x in v],
+        "dt": dt.datetime.fromisoformat,
+        "dec": decimal.Decimal,
+        "uuid": uuid.UUID,
+        "b": bytes.fromhex,
+        "f": float.fromhex,
+        "v": lambda v: v,
+    }[tag](inner)
+
+
+def test_key_digest_has_no_separator_collisions() -> None:
+    """('a:b', 'c') and ('a', 'b:c') are different keys."""
+    assert key_digest("a:b", "c", "d") != key_digest("a", "b:c", "d")
+    assert len(key_digest("x" * 65536, "y" * 65536, "z" * 65536)) == 64
+
+
+@given(st.lists(st.one_of(st.text(), st.integers(), st.uuids()), min_size=1, max_size=4), st.none() | st.text())
+def test_idempotency_key_is_deterministic_and_provider_friendly(parts: list[Any], namespace: str | None) -> None:
+    """Same parts, same key; short, lowercase hex, within Stripe's 255-character limit."""
+    key = idempotency_key(*parts, namespace=namespace)
+    assert key == idempotency_key(*parts, namespace=namespace)
+    assert re.fullmatch(r"rs-[0-9a-f]{40}", key)
+
+
+def test_idempotency_key_depends_on_parts_and_namespace() -> None:
+    """Other parts or another namespace give another key."""
+    base = idempotency_key("refund", "1042")
+    assert base != idempotency_key("refund", "1043")
+    assert base != idempotency_key("refund", "1042", namespace="shop-b")
+    assert idempotency_key(1) != idempotency_key("1")
+
+
+def test_owner_token_names_host_pid_and_start() -> None:
+    """Owner tokens are host:pid:start#n, unique per claim."""
+    first, second = owner_token(), owner_token()
+    assert first != second
+    _host, pid, rest = first.split(":")
+    assert pid == str(os.getpid())
+    assert rest.partition("#")[2].isdigit()

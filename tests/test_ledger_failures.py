@@ -1,0 +1,143 @@
+"""Rule 7: real ledger failures (an unopenable file, a dropped table, a locked database)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from replaysafe import CallKey, LedgerError, SqliteLedger, replay_safe, tool_call
+from replaysafe.ledgers import RetryPolicy
+
+IDS = ("thread-f", "msg_1", "call_1")
+
+
+@pytest.fixture
+def unreachable(tmp_path: Path) -> SqliteLedger:
+    """A ledger whose file cannot be opened: its directory does not exist."""
+    return SqliteLedger(tmp_path / "missing-dir" / "ledger.db", retry=RetryPolicy(attempts=2, max_seconds=0.2))
+
+
+def test_unreadable_ledger_runs_the_tool_with_a_warning(
+    unreachable: SqliteLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """By default a failed claim runs the tool anyway: skipping a tool that never ran is worse."""
+    runs: list[int] = []
+
+    @replay_safe(ledger=unreachable)
+    def refund_order(order_id: str) -> str:
+        runs.append(1)
+        return "refunded"
+
+    with caplog.at_level(logging.WARNING, logger="replaysafe"), tool_call(*IDS):
+        assert refund_order("1") == "refunded"
+    assert runs == [1]
+    (warning,) = [r for r in caplog.records if "WITHOUT replay protection" in r.getMessage()]
+    assert "refund_order" in warning.getMessage()
+    assert "thread-f" in warning.getMessage()
+    assert "on_ledger_error='raise'" in warning.getMessage()
+
+
+def test_unreadable_ledger_fails_closed_when_asked(unreachable: SqliteLedger) -> None:
+    """on_ledger_error='raise' raises LedgerError before the tool runs."""
+    runs: list[int] = []
+
+    @replay_safe(ledger=unreachable, on_ledger_error="raise")
+    def refund_order(order_id: str) -> str:
+        runs.append(1)
+        return "refunded"
+
+    with tool_call(*IDS), pytest.raises(LedgerError) as raised:
+        refund_order("1")
+    assert runs == []
+    assert raised.value.key == CallKey(*IDS)
+    assert raised.value.tool_name == "refund_order"
+    assert "refund_order" in str(raised.value)
+    assert "reachable" in str(raised.value)
+    assert raised.value.transient
+
+
+def _drop_table(path: Path) -> None:
+    with sqlite3.connect(path) as connection:
+        connection.execute("DROP TABLE tool_executions")
+
+
+def test_failed_record_write_logs_and_returns_the_result(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A record that cannot be written is logged as an error; the caller still gets the result."""
+    ledger = SqliteLedger(tmp_path / "l.db", retry=RetryPolicy(attempts=1))
+
+    @replay_safe(ledger=ledger)
+    def refund_order(order_id: str) -> str:
+        _drop_table(ledger.path)  # the store loses its table while the tool runs
+        return "refunded"
+
+    with caplog.at_level(logging.ERROR, logger="replaysafe"), tool_call(*IDS):
+        assert refund_order("1") == "refunded"
+    assert any("could not be written" in r.getMessage() and "refund_order" in r.getMessage() for r in caplog.records)
+
+
+def test_failed_record_write_raises_with_the_result_when_fail_closed(tmp_path: Path) -> None:
+    """Fail-closed: LedgerError says the tool ran and carries its result, so nothing is lost."""
+    ledger = SqliteLedger(tmp_path / "l.db", retry=RetryPolicy(attempts=1))
+
+    @replay_safe(ledger=ledger, on_ledger_error="raise")
+    def refund_order(order_id: str) -> dict[str, int]:
+        _drop_table(ledger.path)
+        return {"refund_id": 7}
+
+    with tool_call(*IDS), pytest.raises(LedgerError) as raised:
+        refund_order("1")
+    assert raised.value.result == {"refund_id": 7}
+
+
+def test_transient_lock_is_retried(tmp_path: Path) -> None:
+    """A database locked by another writer for a moment is retried, then the call is recorded."""
+    ledger = SqliteLedger(tmp_path / "l.db", busy_timeout=0.01, retry=RetryPolicy(attempts=50, max_seconds=10))
+    ledger.get(CallKey(*IDS))  # creates the file and table
+    blocker = sqlite3.connect(ledger.path, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")  # hold the write lock
+    threading.Timer(0.2, blocker.rollback).start()
+
+    @replay_safe(ledger=ledger)
+    def tool() -> str:
+        return "ran"
+
+    with tool_call(*IDS):
+        assert tool() == "ran"
+    record = ledger.get(CallKey(*IDS))
+    assert record is not None
+    assert record.result == '"ran"'
+    blocker.close()
+
+
+async def test_async_tool_does_not_block_the_event_loop_on_sqlite(tmp_path: Path) -> None:
+    """While the claim waits on a locked file, the loop runs the task that unlocks it."""
+    ledger = SqliteLedger(tmp_path / "l.db", busy_timeout=5)
+    ledger.get(CallKey(*IDS))
+    blocker = sqlite3.connect(ledger.path, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")
+
+    @replay_safe(ledger=ledger, on_ledger_error="raise")
+    async def tool() -> str:
+        return "ran"
+
+    async def unlock_soon() -> float:
+        await asyncio.sleep(0.1)  # only runs if the claim did not block the loop
+        blocker.rollback()
+        return time.monotonic()
+
+    async def call() -> str:
+        async with tool_call(*IDS):
+            return await tool()
+
+    result, _ = await asyncio.gather(call(), unlock_soon())
+    assert result == "ran"
+    record = ledger.get(CallKey(*IDS))
+    assert record is not None
+    assert record.result == '"ran"'
+    blocker.close()
