@@ -1,0 +1,83 @@
+"""A stand-alone agent-like process for crash and race tests, run as ``python tests/child.py``.
+
+``crash LEDGER_URL EFFECTS THREAD POINT``: call ``refund_order`` once under fixed ids,
+print its result as JSON, and SIGKILL itself at POINT (``inside-tool``: after the
+side effect, before returning; ``after-record``: after the protected call returned,
+so its record is written; ``none``: exit normally).
+
+``race LEDGER_URL EFFECTS THREAD KEYS THREADS START``: THREADS threads each call
+``refund_order`` for KEYS keys, all starting at the wall-clock time START; print
+every result as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from replaysafe import open_ledger, replay_safe, tool_call
+
+
+def append(path: str, line: str) -> None:
+    # O_APPEND writes of one short line are atomic across processes.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def crash(url: str, effects: str, thread: str, point: str) -> None:
+    ledger = open_ledger(url)
+
+    @replay_safe(ledger=ledger)
+    def refund_order(order_id: str, amount: float) -> str:
+        append(effects, f"refund {order_id} pid={os.getpid()}")
+        if point == "inside-tool":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return f"Refunded {amount:.2f} for order {order_id}"
+
+    with tool_call(thread, "msg_7", "call_1"):
+        result = refund_order("1042", 59.0)
+    print(json.dumps({"result": result, "pid": os.getpid()}), flush=True)
+    if point == "after-record":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def race(url: str, effects: str, thread: str, keys: int, threads: int, start: float) -> None:
+    ledger = open_ledger(url)
+
+    @replay_safe(ledger=ledger, wait_timeout=120)
+    def refund_order(order_id: str) -> str:
+        append(effects, order_id)
+        time.sleep(0.01)  # hold the claim a moment so that others find it running
+        return f"{order_id} by {os.getpid()}/{threading.get_ident()}"
+
+    results: list[list[str]] = [[] for _ in range(threads)]
+
+    def worker(n: int) -> None:
+        for key in range(keys):
+            with tool_call(thread, f"msg_{key}", "call_1"):
+                results[n].append(refund_order(str(key)))
+
+    time.sleep(max(0.0, start - time.time()))
+    workers = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    print(json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    command, *argv = sys.argv[1:]
+    if command == "crash":
+        crash(*argv)
+    else:
+        url, effects, thread, keys, threads, start = argv
+        race(url, effects, thread, int(keys), int(threads), float(start))
