@@ -63,7 +63,7 @@ def test_processes_and_threads_race_on_one_key(durable_ledger_url: str, tmp_path
         for _ in range(processes)
     ]
     outputs = [child.communicate(timeout=300) for child in children]
-    for child, (_, err) in zip(children, outputs):
+    for child, (_, err) in zip(children, outputs, strict=True):
         assert child.returncode == 0, err
     results = [json.loads(out) for out, _ in outputs]
     for key in range(keys):

@@ -1,0 +1,33 @@
+"""The ``replaysafe`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="replaysafe", description="Stop AI agents from repeating side effects after a crash."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands.add_parser(
+        "demo",
+        help="show a crash-and-resume refunding once with @replay_safe and twice without",
+        description="Run an agent-like loop that is SIGKILLed after refund_order returns, then resume it.",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        from ._demo import main as demo
+
+        return demo()
+    raise AssertionError(args.command)  # pragma: no cover - argparse rejects unknown commands
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
