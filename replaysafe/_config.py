@@ -6,7 +6,8 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from ._constants import LEDGER_URL_ENV
+from ._constants import LEDGER_URL_ENV, NODE_TIMEOUT, TOOL_TIMEOUT
+from ._context import UNSET, timeout_setting
 
 if TYPE_CHECKING:
     from .ledgers import Ledger
@@ -15,6 +16,9 @@ _default: Ledger | None = None
 # The ledger opened from the environment variable, with the URL it came from.
 _from_env: tuple[str, Ledger] | None = None
 _lock = threading.Lock()
+#: The global timeouts (seconds, ``None`` for none); see ``set_default_timeouts``.
+default_tool_timeout: float | None = TOOL_TIMEOUT
+default_node_timeout: float | None = NODE_TIMEOUT
 
 
 def set_default_ledger(ledger: Ledger | None) -> None:
@@ -40,3 +44,16 @@ def default_ledger() -> Ledger | None:
 
             _from_env = (url, open_ledger(url))
         return _from_env[1]
+
+
+def set_default_timeouts(*, tool_timeout: float | None = UNSET, node_timeout: float | None = UNSET) -> None:
+    """Change the global timeouts (defaults: 300 s per tool, 900 s per ``node()``).
+
+    ``None`` or ``0`` disables one. A decorator's ``timeout=``, a ``node(...)`` or a
+    ``tool_call(tool_timeout=...)`` overrides the global value for its calls.
+    """
+    global default_tool_timeout, default_node_timeout
+    if tool_timeout is not UNSET:
+        default_tool_timeout = timeout_setting(tool_timeout, "tool_timeout")
+    if node_timeout is not UNSET:
+        default_node_timeout = timeout_setting(node_timeout, "node_timeout")

@@ -1,17 +1,47 @@
-"""The identity of the tool call about to run, carried in a context variable."""
+"""What the running code says about the call: ``tool_call``, ``node``, ``current_call``."""
 
 from __future__ import annotations
 
 import contextvars
 import dataclasses
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._records import CallKey
 
 if TYPE_CHECKING:
     from .ledgers import Ledger
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: "Not given here": look further (``None`` and ``0`` mean "no timeout").
+UNSET: Any = _Unset()
+
+#: What to do with an in-doubt call: run it again, raise, or ask a reconciler.
+InDoubt = Literal["rerun", "raise"] | Callable[["CallInfo"], Any]
+
+
+def timeout_setting(value: float | None, what: str) -> float | None:
+    """``None`` and ``0`` disable a timeout; a negative one is a mistake."""
+    if value is UNSET:
+        return value  # type: ignore[no-any-return]
+    if value is None or value == 0:
+        return None
+    if value < 0:
+        raise ValueError(f"{what} must be a positive number of seconds, or None/0 to disable; got {value!r}")
+    return float(value)
+
+
+def check_in_doubt(value: InDoubt | None, where: str) -> InDoubt | None:
+    if value is None or value in ("rerun", "raise") or callable(value):
+        return value
+    raise ValueError(f"{where}: in_doubt must be 'rerun', 'raise' or a reconciler function, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -22,6 +52,17 @@ class CallScope:
     ledger: Ledger | None = None
     #: Exceptions that pause the call (human in the loop): the claim is released, never recorded.
     pauses: tuple[type[BaseException], ...] = ()
+    tool_timeout: float | None = UNSET
+    in_doubt: InDoubt | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeScope:
+    """What ``node(...)`` sets: a deadline shared by every protected call inside it."""
+
+    #: ``time.monotonic()`` value at which the node's time runs out, or ``None``.
+    deadline: float | None
+    tool_timeout: float | None = UNSET
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -32,7 +73,7 @@ class CallInfo:
     message_id: str
     tool_call_id: str
     tool_name: str
-    #: 1 for the first execution; +1 each time an in-doubt call is run again.
+    #: 1 for the first execution; +1 each time an in-doubt call is taken over.
     attempt: int
     #: The same on every attempt and replay of this call: hand it to your provider.
     idempotency_key: str
@@ -45,6 +86,7 @@ class CallInfo:
 
 
 _scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar("replaysafe_scope", default=None)
+_node: contextvars.ContextVar[NodeScope | None] = contextvars.ContextVar("replaysafe_node", default=None)
 _current: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("replaysafe_current", default=None)
 
 
@@ -56,18 +98,60 @@ def _check_id(name: str, value: object) -> str:
     return value
 
 
-class tool_call:  # noqa: N801 - used like a function: `with tool_call(...):`
+def _config_value(config: Mapping[str, Any], name: str) -> Any:
+    """A setting from a run config, at the top or under LangGraph's ``configurable``."""
+    if name in config:
+        return config[name]
+    nested = config.get("configurable")
+    return nested.get(name, UNSET) if isinstance(nested, Mapping) else UNSET
+
+
+class _Scoped:
+    """Sets a context variable for the duration of a ``with`` or ``async with`` block."""
+
+    __slots__ = ("_tokens",)
+    _var: contextvars.ContextVar[Any]
+
+    def __init__(self) -> None:
+        self._tokens: list[contextvars.Token[Any]] = []
+
+    def _value(self) -> Any:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        value = self._value()
+        self._tokens.append(self._var.set(value))
+        return value
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._var.reset(self._tokens.pop())
+
+    async def __aenter__(self) -> Any:
+        return self.__enter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(...):`
     """Set the identity of the tool call about to run (``with`` and ``async with``).
 
     A hand-written agent loop wraps each tool call in it; adapters set it for their
     framework. The value lives in a context variable, so parallel calls in threads or
     asyncio tasks each carry their own. One block identifies one tool call.
 
+    ``tool_timeout`` and ``in_doubt`` override the decorator's settings for this call.
     ``pauses`` names exceptions a host framework raises to pause a call for a human
-    (LangGraph's ``GraphInterrupt``): its claim is released, and the call is neither recorded nor in doubt.
+    (LangGraph's ``GraphInterrupt``): its claim is released, and the call is neither
+    recorded nor in doubt.
     """
 
-    __slots__ = ("_tokens", "scope")
+    __slots__ = ("scope",)
+    _var = _scope
 
     def __init__(
         self,
@@ -76,32 +160,96 @@ class tool_call:  # noqa: N801 - used like a function: `with tool_call(...):`
         tool_call_id: str | None,
         *,
         ledger: Ledger | None = None,
+        tool_timeout: float | None = UNSET,
+        in_doubt: InDoubt | None = None,
         pauses: tuple[type[BaseException], ...] = (),
     ) -> None:
+        super().__init__()
         key = CallKey(
             _check_id("thread_id", thread_id),
             _check_id("message_id", message_id),
             _check_id("tool_call_id", tool_call_id),
         )
-        self.scope = CallScope(key=key, ledger=ledger, pauses=tuple(pauses))
-        self._tokens: list[contextvars.Token[CallScope | None]] = []
+        self.scope = CallScope(
+            key=key,
+            ledger=ledger,
+            pauses=tuple(pauses),
+            tool_timeout=timeout_setting(tool_timeout, "tool_timeout"),
+            in_doubt=check_in_doubt(in_doubt, "tool_call()"),
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Mapping[str, Any],
+        *,
+        message_id: str | None,
+        tool_call_id: str | None,
+        ledger: Ledger | None = None,
+        pauses: tuple[type[BaseException], ...] = (),
+    ) -> tool_call:
+        """From a run config such as ``{"thread_id": "t1", "tool_timeout": 60, "in_doubt": "raise"}``.
+
+        Keys are read at the top level or under ``"configurable"`` (LangGraph's form).
+        """
+        thread_id = _config_value(config, "thread_id")
+        in_doubt = _config_value(config, "in_doubt")
+        return cls(
+            None if thread_id is UNSET else thread_id,
+            message_id,
+            tool_call_id,
+            ledger=ledger,
+            tool_timeout=_config_value(config, "tool_timeout"),
+            in_doubt=None if in_doubt is UNSET else in_doubt,
+            pauses=pauses,
+        )
+
+    def _value(self) -> CallScope:
+        return self.scope
 
     def __enter__(self) -> CallKey:
-        self._tokens.append(_scope.set(self.scope))
+        super().__enter__()
         return self.scope.key
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        _scope.reset(self._tokens.pop())
 
     async def __aenter__(self) -> CallKey:
         return self.__enter__()
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+
+class node(_Scoped):  # noqa: N801 - used like a function: `with node(...):`
+    """A deadline shared by every protected call inside the block (``with`` / ``async with``).
+
+    Each call gets ``min(tool_timeout, time left in the node)``; a call that starts
+    after the node's time ran out raises ``ToolTimeoutError`` without running.
+    ``node_timeout`` defaults to the global one (900 s); ``None`` or ``0`` disables it.
+    A config mapping (``{"node_timeout": 600, "tool_timeout": 60}``, also under
+    ``"configurable"``) may carry both.
+    """
+
+    __slots__ = ("node_timeout", "tool_timeout")
+    _var = _node
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        *,
+        node_timeout: float | None = UNSET,
+        tool_timeout: float | None = UNSET,
     ) -> None:
-        self.__exit__(exc_type, exc, tb)
+        super().__init__()
+        if config is not None:
+            if node_timeout is UNSET:
+                node_timeout = _config_value(config, "node_timeout")
+            if tool_timeout is UNSET:
+                tool_timeout = _config_value(config, "tool_timeout")
+        self.node_timeout = timeout_setting(node_timeout, "node_timeout")
+        self.tool_timeout = timeout_setting(tool_timeout, "tool_timeout")
+
+    def _value(self) -> NodeScope:
+        from . import _config
+
+        node_timeout = _config.default_node_timeout if self.node_timeout is UNSET else self.node_timeout
+        deadline = None if node_timeout is None else time.monotonic() + node_timeout
+        return NodeScope(deadline=deadline, tool_timeout=self.tool_timeout)
 
 
 def current_scope() -> CallScope | None:

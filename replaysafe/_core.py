@@ -1,9 +1,14 @@
 """The replay protocol: every claim, replay and record decision, with no I/O.
 
-``replay()`` is a generator that yields *effects* (claim this key, run the tool,
-record this result, sleep) and receives their outcomes. The sync and async
-drivers in ``_decorator`` perform the effects; the decisions live here, once.
+The protocol is written as generators that yield *effects* (claim this key, run
+the tool, record this result, sleep) and receive their outcomes. The sync and
+async drivers in ``_drivers`` perform the effects; the decisions live here, once.
 A ledger failure comes back into the generator as a ``LedgerError``.
+
+A call goes through two phases. ``begin`` claims the key and ends with a decision:
+``Replay`` (return a recorded value) or ``Run`` (run the tool). ``settle_result``
+and ``settle_error`` record how a run ended. ``replay`` chains them for a plain
+call; streaming tools run their chunks between the two phases.
 """
 
 from __future__ import annotations
@@ -11,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import logging
+import time
 import typing
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -22,18 +27,43 @@ from ._clock import utcnow
 from ._codec import Reviver, Serializer, reviver_for
 from ._context import CallInfo, CallScope
 from ._errors import (
+    CallInDoubtError,
     CallInProgressError,
     LedgerError,
     RecordedToolError,
     ReplayMismatchError,
+    ToolTimeoutError,
     describe,
 )
-from ._identity import call_idempotency_key, owner_token
-from ._log import log
+from ._events import EventKind, emit
+from ._identity import call_idempotency_key, owner_alive, owner_token
 from ._records import CallKey, ClaimResult, Record, Status
 
 OnLedgerError = Literal["warn", "raise"]
 
+
+class _Rerun:
+    """What a reconciler returns to have an in-doubt call run again."""
+
+    _instance: _Rerun | None = None
+
+    def __new__(cls) -> _Rerun:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "replaysafe.RERUN"
+
+    def __reduce__(self) -> str:
+        return "RERUN"
+
+
+RERUN: Any = _Rerun()
+
+#: A reconciler gets the in-doubt call and returns its result, or ``RERUN``.
+Reconciler = Callable[[CallInfo], Any]
+InDoubtPolicy = Literal["rerun", "raise"] | Reconciler
 
 _UNRESOLVED: Any = object()
 
@@ -46,25 +76,40 @@ class ToolSpec:
     serializer: Serializer
     record_errors: tuple[type[BaseException], ...]
     on_ledger_error: OnLedgerError
-    lease: timedelta
+    #: Seconds a claim is owned; ``None`` derives it from the call's timeout.
+    lease: float | None
     wait_timeout: float
+    in_doubt: InDoubtPolicy = "rerun"
     #: The tool function, whose return annotation says what type a replay rebuilds.
     function: Any = None
+    streaming: bool = False
     _reviver: Reviver | None = _UNRESOLVED
 
     def decode(self, text: str | None) -> Any:
         value = self.serializer.loads(text if text is not None else "null")
         if self._reviver is _UNRESOLVED:
             # Resolved on first replay, when forward references can be evaluated.
-            self._reviver = reviver_for(return_annotation(self.function))
+            self._reviver = reviver_for(_replayed_type(self))
         return self._reviver(value) if self._reviver is not None else value
 
+    def lease_for(self, timeout: float | None) -> timedelta:
+        """A claim outlives the tool's deadline, so a slow owner is not taken over early."""
+        if self.lease is not None:
+            return timedelta(seconds=self.lease)
+        if timeout:
+            return timedelta(seconds=timeout + _constants.LEASE_MARGIN)
+        return timedelta(seconds=_constants.LEASE)
 
-def return_annotation(function: Any) -> Any:
+
+def _replayed_type(spec: ToolSpec) -> Any:
     try:
-        return typing.get_type_hints(function).get("return", Any)
+        annotation = typing.get_type_hints(spec.function).get("return", Any)
     except Exception:  # an unresolvable annotation: replay returns the decoded data as is
         return Any
+    if spec.streaming:  # Iterator[X], Generator[X, ...], AsyncIterator[X]: a list of X
+        args = typing.get_args(annotation)
+        return list[args[0]] if args else Any  # type: ignore[valid-type]
+    return annotation
 
 
 # --- effects: what the drivers are asked to do -------------------------------------
@@ -135,13 +180,39 @@ class Sleep:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class RunTool:
-    """Run the tool body with ``call`` as ``current_call()``; its exception is thrown back in."""
+class Run:
+    """``begin``'s decision to run the tool. ``owner`` is ``None`` for an unprotected run."""
 
+    call: CallInfo
+    owner: str | None
+    #: Seconds the tool may run, ``None`` for no limit.
+    timeout: float | None
+    started: float = dataclasses.field(default_factory=time.monotonic)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunTool:
+    """Run the tool body (with ``run.call`` as ``current_call()``); its exception is thrown back in."""
+
+    run: Run
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reconcile:
+    """Ask the user's reconciler about an in-doubt call; its answer (or exception) comes back."""
+
+    reconciler: Reconciler
     call: CallInfo
 
 
-Effect = LedgerOp | Sleep | RunTool
+@dataclasses.dataclass(frozen=True, slots=True)
+class Replay:
+    """``begin``'s decision to return ``value`` without running the tool."""
+
+    value: Any
+
+
+Effect = LedgerOp | Sleep | RunTool | Reconcile
 Protocol = Generator[Effect, Any, Any]
 
 
@@ -158,8 +229,13 @@ class Verdict(enum.Enum):
 
 
 def owner_is_alive(record: Record, now: datetime) -> bool:
-    """Whether the owner of a ``running`` record may still finish it."""
-    return now < record.lease_expires_at
+    """Whether the owner of a ``running`` record may still finish it.
+
+    On this machine the owner's process is checked, so a dead owner is known at
+    once and a live one is never declared dead; elsewhere the lease decides.
+    """
+    alive = owner_alive(record.owner)
+    return now < record.lease_expires_at if alive is None else alive
 
 
 def judge(record: Record, now: datetime) -> Verdict:
@@ -172,31 +248,17 @@ def judge(record: Record, now: datetime) -> Verdict:
     return Verdict.IN_DOUBT
 
 
-def in_doubt_policy(spec: ToolSpec, record: Record) -> Literal["rerun"]:
-    """The one place that decides what happens to an in-doubt call."""
-    log(
-        logging.WARNING,
-        f"{describe(spec.name, record.key)} is in doubt: its owner {record.owner} died or gave up while the tool "
-        f"ran (attempt {record.attempt}), so its side effect may or may not have happened. Running it again as "
-        f"attempt {record.attempt + 1}; hand current_call().idempotency_key to the provider so it can dedupe.",
-        tool_name=spec.name,
-        key=record.key,
-        owner=record.owner,
-        attempt=record.attempt,
-    )
-    return "rerun"
-
-
 def _check_same_call(spec: ToolSpec, record: Record, args_digest: str) -> None:
-    if record.tool_name != spec.name or record.args_digest != args_digest:
-        what = f"tool {record.tool_name!r}" if record.tool_name != spec.name else "the same tool with other arguments"
-        raise ReplayMismatchError(
-            f"{describe(spec.name, record.key)}: this call key is already recorded for {what}, so nothing ran. "
-            "One key must identify one tool call: use a distinct tool_call_id (or message_id) per call, or "
-            "exclude non-data arguments from the digest with @replay_safe(exclude_args=...).",
-            tool_name=spec.name,
-            key=record.key,
-        )
+    if record.tool_name == spec.name and record.args_digest == args_digest:
+        return
+    what = f"tool {record.tool_name!r}" if record.tool_name != spec.name else "the same tool with other arguments"
+    message = (
+        f"{describe(spec.name, record.key)}: this call key is already recorded for {what}, so nothing ran. "
+        "One key must identify one tool call: use a distinct tool_call_id (or message_id) per call, or "
+        "exclude non-data arguments from the digest with @replay_safe(exclude_args=...)."
+    )
+    emit(EventKind.MISMATCH, message, tool_name=spec.name, key=record.key, args_digest=args_digest)
+    raise ReplayMismatchError(message, tool_name=spec.name, key=record.key)
 
 
 def encode_error(exc: BaseException) -> str:
@@ -219,66 +281,6 @@ def recorded_error(spec: ToolSpec, record: Record) -> RecordedToolError:
     )
 
 
-def replay(
-    spec: ToolSpec, scope: CallScope, args_digest: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-) -> Protocol:
-    """Claim the call; replay, wait for, or run and record it. Returns the tool's result."""
-    key = scope.key
-    owner = owner_token()
-    deadline: datetime | None = None
-    backoff = _constants.WAIT_BACKOFF_FIRST
-    while True:
-        now = utcnow()
-        try:
-            found: ClaimResult = yield Claim(key, spec.name, args_digest, owner, now, now + spec.lease)
-        except LedgerError as exc:
-            return (yield from _run_unrecorded(spec, key, exc, args, kwargs))
-        record = found.record
-        _check_same_call(spec, record, args_digest)
-        # Our own record: a claim whose first answer was lost and was tried again.
-        if found.claimed or (record.status is Status.RUNNING and record.owner == owner):
-            break
-        verdict = judge(record, now)
-        if verdict is Verdict.REPLAY:
-            try:
-                return spec.decode(record.result)
-            except Exception as exc:
-                unreadable = LedgerError(
-                    f"the recorded result of {describe(spec.name, key)} cannot be decoded ({exc!r}); inspect the "
-                    "record, and delete it or settle it by hand",
-                    tool_name=spec.name,
-                    key=key,
-                )
-                return (yield from _run_unrecorded(spec, key, unreadable, args, kwargs))
-        if verdict is Verdict.RAISE_RECORDED:
-            raise recorded_error(spec, record)
-        if verdict is Verdict.IN_DOUBT:
-            in_doubt_policy(spec, record)
-            try:
-                taken: Record | None = yield Takeover(record, owner, now, now + spec.lease)
-            except LedgerError as exc:
-                return (yield from _run_unrecorded(spec, key, exc, args, kwargs))
-            if taken is None:
-                continue  # another worker moved first: look again
-            record = taken
-            break
-        # A live owner runs this very call: wait for its result, with a bounded backoff.
-        if deadline is None:
-            deadline = now + timedelta(seconds=spec.wait_timeout)
-        left = (deadline - now).total_seconds()
-        if left <= 0:
-            raise CallInProgressError(
-                f"{describe(spec.name, key)} is still running in {record.owner} (attempt {record.attempt}, lease "
-                f"until {record.lease_expires_at.isoformat()}); gave up waiting after {spec.wait_timeout:g}s. "
-                "Retry later, or raise @replay_safe(wait_timeout=...).",
-                tool_name=spec.name,
-                key=key,
-            )
-        yield Sleep(min(backoff, left))
-        backoff = min(backoff * 2, _constants.WAIT_BACKOFF_MAX)
-    return (yield from _execute(spec, scope, record, owner, args, kwargs))
-
-
 def _call_info(
     spec: ToolSpec, key: CallKey, attempt: int, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> CallInfo:
@@ -294,49 +296,224 @@ def _call_info(
     )
 
 
-def _execute(
-    spec: ToolSpec, scope: CallScope, record: Record, owner: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-) -> Protocol:
-    """Run the claimed call and record how it ended."""
-    key = record.key
+# --- phase 1: claim -----------------------------------------------------------------
+
+
+def begin(
+    spec: ToolSpec,
+    scope: CallScope,
+    args_digest: str,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    timeout: float | None,
+) -> Generator[Effect, Any, Replay | Run]:
+    """Claim the call, then decide: replay a recorded result, or run the tool."""
+    key = scope.key
+    owner = owner_token()
+    lease = spec.lease_for(timeout)
+    deadline: datetime | None = None
+    backoff = _constants.WAIT_BACKOFF_FIRST
+    while True:
+        now = utcnow()
+        try:
+            found: ClaimResult = yield Claim(key, spec.name, args_digest, owner, now, now + lease)
+        except LedgerError as exc:
+            return _unprotected(spec, key, exc, args, kwargs, timeout)
+        record = found.record
+        _check_same_call(spec, record, args_digest)
+        # Our own record: a claim whose first answer was lost and was tried again.
+        if found.claimed or (record.status is Status.RUNNING and record.owner == owner):
+            return Run(_call_info(spec, key, record.attempt, args, kwargs), owner, timeout)
+        verdict = judge(record, now)
+        if verdict is Verdict.REPLAY:
+            try:
+                value = spec.decode(record.result)
+            except Exception as exc:
+                unreadable = LedgerError(
+                    f"the recorded result of {describe(spec.name, key)} cannot be decoded ({exc!r}); inspect the "
+                    "record, and delete it or settle it with ledger.resolve()",
+                    tool_name=spec.name,
+                    key=key,
+                )
+                return _unprotected(spec, key, unreadable, args, kwargs, timeout)
+            emit(
+                EventKind.REPLAYED,
+                f"{describe(spec.name, key)} replayed its recorded result",
+                tool_name=spec.name,
+                key=key,
+                attempt=record.attempt,
+            )
+            return Replay(value)
+        if verdict is Verdict.RAISE_RECORDED:
+            emit(
+                EventKind.REPLAYED,
+                f"{describe(spec.name, key)} replayed its recorded error",
+                tool_name=spec.name,
+                key=key,
+                attempt=record.attempt,
+            )
+            raise recorded_error(spec, record)
+        if verdict is Verdict.IN_DOUBT:
+            policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
+            _report_in_doubt(spec, record, policy)
+            if policy == "raise":
+                raise CallInDoubtError(
+                    f"{describe(spec.name, key)} is in doubt: its owner {record.owner} died or gave up during "
+                    f"attempt {record.attempt}, so its side effect may or may not have happened. Nothing ran. Check "
+                    "with the provider, then settle it: ledger.resolve(key, result=...) or "
+                    "ledger.resolve(key, rerun=True).",
+                    tool_name=spec.name,
+                    key=key,
+                )
+            try:
+                taken: Record | None = yield Takeover(record, owner, now, now + lease)
+            except LedgerError as exc:
+                return _unprotected(spec, key, exc, args, kwargs, timeout)
+            if taken is None:
+                continue  # another worker moved first: look again
+            if callable(policy):
+                answer = yield from _reconcile(spec, policy, _call_info(spec, key, record.attempt, args, kwargs), owner)
+                if answer is not RERUN:
+                    return Replay(answer)
+            return Run(_call_info(spec, key, taken.attempt, args, kwargs), owner, timeout)
+        # A live owner runs this very call: wait for its result, with a bounded backoff.
+        if deadline is None:
+            deadline = now + timedelta(seconds=spec.wait_timeout)
+        left = (deadline - now).total_seconds()
+        if left <= 0:
+            raise CallInProgressError(
+                f"{describe(spec.name, key)} is still running in {record.owner} (attempt {record.attempt}, lease "
+                f"until {record.lease_expires_at.isoformat()}); gave up waiting after {spec.wait_timeout:g}s. "
+                "Retry later, or raise @replay_safe(wait_timeout=...).",
+                tool_name=spec.name,
+                key=key,
+            )
+        yield Sleep(min(backoff, left))
+        backoff = min(backoff * 2, _constants.WAIT_BACKOFF_MAX)
+
+
+def _report_in_doubt(spec: ToolSpec, record: Record, policy: InDoubtPolicy) -> None:
+    then = {
+        "rerun": f"Running it again as attempt {record.attempt + 1}; hand current_call().idempotency_key to the "
+        "provider so it can dedupe.",
+        "raise": "Raising CallInDoubtError (in_doubt='raise'); settle it with ledger.resolve().",
+    }.get(policy if isinstance(policy, str) else "", f"Asking the reconciler {getattr(policy, '__name__', policy)}.")
+    emit(
+        EventKind.IN_DOUBT,
+        f"{describe(spec.name, record.key)} is in doubt: its owner {record.owner} died or gave up while the tool "
+        f"ran (attempt {record.attempt}), so its side effect may or may not have happened. {then}",
+        tool_name=spec.name,
+        key=record.key,
+        owner=record.owner,
+        attempt=record.attempt,
+    )
+
+
+def _reconcile(spec: ToolSpec, reconciler: Reconciler, call: CallInfo, owner: str) -> Generator[Effect, Any, Any]:
+    """Ask the reconciler; record the result it found at the provider, or return RERUN."""
     try:
-        result = yield RunTool(_call_info(spec, key, record.attempt, args, kwargs))
-    except Exception as exc:
-        # The user's exception always wins: a failed cleanup is logged, never raised.
-        # A pause (human in the loop) is not an outcome: the call will run when resumed.
-        if spec.record_errors and isinstance(exc, spec.record_errors) and not isinstance(exc, scope.pauses):
-            yield from _finish(spec, key, owner, Status.FAILED, encode_error(exc), fail_closed=False)
-        else:
-            yield from _release(spec, key, owner)
-        raise
+        answer = yield Reconcile(reconciler, call)
+        if answer is RERUN:
+            return RERUN
+        encoded = spec.serializer.dumps(answer)
     except BaseException as exc:
         if isinstance(exc, GeneratorExit):
             raise
-        # Cancelled or interrupted mid-call: whether the side effect happened is unknown.
-        yield from _finish(spec, key, owner, Status.IN_DOUBT, None, fail_closed=False)
+        # Nothing was settled: leave the call in doubt for the next replay (or an operator).
+        yield from _finish(spec, call.key, owner, Status.IN_DOUBT, None, fail_closed=False)
         raise
+    yield from _finish(spec, call.key, owner, Status.COMPLETED, encoded, fail_closed=True, result=answer)
+    emit(
+        EventKind.RECONCILED,
+        f"{describe(spec.name, call.key)} was in doubt; the reconciler found its result, which is now recorded",
+        tool_name=spec.name,
+        key=call.key,
+        attempt=call.attempt,
+    )
+    return answer
+
+
+def _unprotected(
+    spec: ToolSpec,
+    key: CallKey,
+    exc: LedgerError,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    timeout: float | None,
+) -> Run:
+    """The ledger cannot be read: fail closed, or run the tool without protection."""
+    if spec.on_ledger_error == "raise":
+        emit(EventKind.LEDGER_ERROR, str(exc), tool_name=spec.name, key=key)
+        raise exc
+    emit(
+        EventKind.LEDGER_ERROR,
+        f"{describe(spec.name, key)} runs WITHOUT replay protection: {exc} Skipping a tool that never ran is "
+        "worse than running it twice; pass @replay_safe(on_ledger_error='raise') to fail closed instead.",
+        tool_name=spec.name,
+        key=key,
+        level=30,  # WARNING: the call goes on
+    )
+    return Run(_call_info(spec, key, 1, args, kwargs), None, timeout)
+
+
+# --- phase 2: record ------------------------------------------------------------------
+
+
+def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, Any, None]:
+    """Record the value the tool returned."""
+    if run.owner is None:
+        return
+    key = run.call.key
     try:
         encoded = spec.serializer.dumps(result)
     except Exception as exc:
-        log(
-            logging.ERROR,
+        message = (
             f"{describe(spec.name, key)} ran, but its result cannot be recorded: {exc}. The call is marked in "
-            "doubt, so a replay applies the in-doubt policy. Return JSON-able data, or pass a serializer=.",
-            tool_name=spec.name,
-            key=key,
+            "doubt, so a replay applies the in-doubt policy. Return JSON-able data, or pass a serializer=."
         )
-        yield from _finish(spec, key, owner, Status.IN_DOUBT, None, fail_closed=False)
+        emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=run.call.attempt)
+        yield from _finish(spec, key, run.owner, Status.IN_DOUBT, None, fail_closed=False)
         if spec.on_ledger_error == "raise":
-            raise LedgerError(
-                f"{describe(spec.name, key)} ran but its result could not be recorded ({exc}); the result is on "
-                "this error's .result.",
+            raise LedgerError(message, tool_name=spec.name, key=key, result=result) from exc
+        return
+    yield from _finish(spec, key, run.owner, Status.COMPLETED, encoded, fail_closed=True, result=result)
+    emit(
+        EventKind.EXECUTED,
+        f"{describe(spec.name, key)} ran and its result is recorded",
+        tool_name=spec.name,
+        key=key,
+        attempt=run.call.attempt,
+        duration=time.monotonic() - run.started,
+    )
+
+
+def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException) -> Generator[Effect, Any, None]:
+    """Record how a run that raised ended. Never raises: the tool's exception wins."""
+    if run.owner is None:
+        return
+    key = run.call.key
+    if isinstance(exc, ToolTimeoutError):
+        emit(EventKind.TIMEOUT, str(exc), tool_name=spec.name, key=key, attempt=run.call.attempt)
+        if exc.still_running:
+            return  # the claim stays: the tool may still finish and record its result
+        yield from _finish(spec, key, run.owner, Status.IN_DOUBT, None, fail_closed=False)
+    elif not isinstance(exc, Exception):
+        # Cancelled, interrupted, or a stream closed early: whether the side effect happened is unknown.
+        yield from _finish(spec, key, run.owner, Status.IN_DOUBT, None, fail_closed=False)
+    elif isinstance(exc, scope.pauses) or not isinstance(exc, spec.record_errors):
+        # A pause (human in the loop) is not an outcome; other errors free the call for a retry.
+        try:
+            yield Release(key, run.owner)
+        except LedgerError as error:
+            emit(
+                EventKind.LEDGER_ERROR,
+                f"{describe(spec.name, key)} raised, and its claim could not be released: {error} A replay treats "
+                "the call as running until its owner is known dead or its lease ends.",
                 tool_name=spec.name,
                 key=key,
-                result=result,
-            ) from exc
-        return result
-    yield from _finish(spec, key, owner, Status.COMPLETED, encoded, fail_closed=True, result=result)
-    return result
+            )
+    else:
+        yield from _finish(spec, key, run.owner, Status.FAILED, encode_error(exc), fail_closed=False)
 
 
 def _finish(
@@ -349,13 +526,13 @@ def _finish(
     fail_closed: bool,
     result: Any = None,
 ) -> Generator[Effect, Any, None]:
-    """Record how the call ended; a write that fails is logged (or raised, fail-closed)."""
+    """Write how the call ended; a write that fails is logged (or raised, fail-closed)."""
     try:
         recorded = yield Complete(key, owner, status, encoded, utcnow())
     except LedgerError as exc:
-        log(
-            logging.ERROR,
-            f"{describe(spec.name, key)} ran but its {status} record could not be written: {exc}. A replay may "
+        emit(
+            EventKind.LEDGER_ERROR,
+            f"{describe(spec.name, key)} ran but its {status} record could not be written: {exc} A replay may "
             "run it again; hand current_call().idempotency_key to the provider so it can dedupe.",
             tool_name=spec.name,
             key=key,
@@ -365,8 +542,8 @@ def _finish(
             raise
         return
     if not recorded:
-        log(
-            logging.ERROR,
+        emit(
+            EventKind.DUPLICATE_DETECTED,
             f"duplicate execution of {describe(spec.name, key)}: its claim was taken over by another worker while "
             f"this one ({owner}) ran the tool, so the tool ran twice. The other worker's record is kept.",
             tool_name=spec.name,
@@ -375,30 +552,32 @@ def _finish(
         )
 
 
-def _release(spec: ToolSpec, key: CallKey, owner: str) -> Generator[Effect, Any, None]:
-    try:
-        yield Release(key, owner)
-    except LedgerError as exc:
-        log(
-            logging.ERROR,
-            f"{describe(spec.name, key)} raised, and its claim could not be released: {exc}. A replay treats the "
-            "call as running until its lease ends.",
-            tool_name=spec.name,
-            key=key,
-        )
-
-
-def _run_unrecorded(
-    spec: ToolSpec, key: CallKey, exc: LedgerError, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+def replay(
+    spec: ToolSpec,
+    scope: CallScope,
+    args_digest: str,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    timeout: float | None,
 ) -> Protocol:
-    """The ledger cannot be read: fail closed, or run the tool without protection."""
-    if spec.on_ledger_error == "raise":
-        raise exc
-    log(
-        logging.WARNING,
-        f"{describe(spec.name, key)} runs WITHOUT replay protection: {exc}. Skipping a tool that never ran is "
-        "worse than running it twice; pass @replay_safe(on_ledger_error='raise') to fail closed instead.",
-        tool_name=spec.name,
-        key=key,
-    )
-    return (yield RunTool(_call_info(spec, key, 1, args, kwargs)))
+    """The whole protocol of a plain (not streaming) call; returns the tool's result."""
+    decision = yield from begin(spec, scope, args_digest, args, kwargs, timeout)
+    if isinstance(decision, Replay):
+        return decision.value
+    try:
+        result = yield RunTool(decision)
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        yield from settle_error(spec, scope, decision, exc)
+        raise
+    yield from settle_result(spec, decision, result)
+    return result
+
+
+def effective_timeout(tool_timeout: float | None, node_deadline: float | None, now: float) -> float | None:
+    """``min(tool_timeout, time left in the node)``; ``None`` when neither limits the call."""
+    left = None if node_deadline is None else node_deadline - now
+    if tool_timeout is None:
+        return left
+    return tool_timeout if left is None else min(tool_timeout, left)

@@ -1,25 +1,24 @@
-"""``@replay_safe``: the thin sync and async drivers of the replay protocol."""
+"""``@replay_safe``: decide, once per call, whether and how a call is protected."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from datetime import timedelta
 from typing import Any, Literal, TypeVar, overload
 
-import tenacity
 import wrapt
 
-from . import _constants
+from . import _config, _constants
 from ._codec import JsonSerializer, Serializer
 from ._config import default_ledger
-from ._context import CallScope, _current, _scope
-from ._core import Effect, LedgerOp, OnLedgerError, Protocol, RunTool, Sleep, ToolSpec, replay
-from ._errors import LedgerError, MissingCallIdError, UnprotectedCallWarning, describe
+from ._context import UNSET, CallScope, InDoubt, _current, _node, _scope, check_in_doubt, timeout_setting
+from ._core import OnLedgerError, ToolSpec, effective_timeout, replay
+from ._drivers import Plan, adrive, astream, drive, stream
+from ._errors import MissingCallIdError, ToolTimeoutError, UnprotectedCallWarning, describe
+from ._events import EventKind, emit
 from ._identity import args_digest
 from ._records import CallKey
 from .ledgers import Ledger
@@ -34,13 +33,19 @@ _warned_no_ledger = False
 class _Tool:
     """One decorated tool: its protocol settings and how its arguments bind."""
 
-    __slots__ = ("_signatures", "exclude_args", "ledger", "on_missing_ids", "spec", "warned_missing")
+    __slots__ = ("_signatures", "exclude_args", "ledger", "on_missing_ids", "spec", "timeout", "warned_missing")
 
     def __init__(
-        self, spec: ToolSpec, ledger: Ledger | None, on_missing_ids: OnMissingIds, exclude_args: tuple[str, ...]
+        self,
+        spec: ToolSpec,
+        ledger: Ledger | None,
+        timeout: float | None,
+        on_missing_ids: OnMissingIds,
+        exclude_args: tuple[str, ...],
     ) -> None:
         self.spec = spec
         self.ledger = ledger
+        self.timeout = timeout
         self.on_missing_ids = on_missing_ids
         self.exclude_args = exclude_args
         self.warned_missing = False
@@ -61,10 +66,8 @@ class _Tool:
             arguments.pop(name, None)
         return args_digest(arguments, tool_name=self.spec.name)
 
-    def plan(
-        self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> tuple[Ledger, CallScope, str] | None:
-        """The ledger, key and argument digest of a protected call; ``None`` to run it plainly."""
+    def plan(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Plan | None:
+        """The ledger, scope, argument digest and timeout of a protected call; ``None`` to run it plainly."""
         if _current.get() is not None:
             return None  # called from inside another protected tool, whose record covers it
         scope = _scope.get()
@@ -75,7 +78,28 @@ class _Tool:
         if scope is None or not all(scope.key):
             self._missing_ids(scope.key if scope is not None else None)
             return None
-        return ledger, scope, self.digest(instance, args, kwargs)
+        digest = self.digest(instance, args, kwargs)
+        return Plan(ledger, scope, digest, self._timeout(scope))
+
+    def _timeout(self, scope: CallScope) -> float | None:
+        """min(tool_timeout, time left in the node); the most specific setting wins."""
+        node = _node.get()
+        tool_timeout = scope.tool_timeout
+        if tool_timeout is UNSET and node is not None:
+            tool_timeout = node.tool_timeout
+        if tool_timeout is UNSET:
+            tool_timeout = self.timeout
+        if tool_timeout is UNSET:
+            tool_timeout = _config.default_tool_timeout
+        timeout = effective_timeout(tool_timeout, node.deadline if node else None, time.monotonic())
+        if timeout is not None and timeout <= 0:
+            message = (
+                f"{describe(self.spec.name, scope.key)} did not run: its node's time ran out before the call "
+                "started. Raise the node_timeout, or split the node."
+            )
+            emit(EventKind.TIMEOUT, message, tool_name=self.spec.name, key=scope.key)
+            raise ToolTimeoutError(message, timeout=0.0, tool_name=self.spec.name, key=scope.key)
+        return timeout
 
     def _missing_ids(self, key: CallKey | None) -> None:
         missing = "no tool_call(...) is set" if key is None else f"empty ids in ({key})"
@@ -85,6 +109,7 @@ class _Tool:
         )
         if self.on_missing_ids == "raise":
             raise MissingCallIdError(message, tool_name=self.spec.name, key=key)
+        emit(EventKind.UNPROTECTED, message, tool_name=self.spec.name, key=key, level=10)
         if not self.warned_missing:
             self.warned_missing = True
             warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
@@ -94,124 +119,13 @@ def _warn_no_ledger(tool_name: str) -> None:
     global _warned_no_ledger
     if not _warned_no_ledger:
         _warned_no_ledger = True
-        warnings.warn(
+        message = (
             f"{tool_name} and every other @replay_safe tool run WITHOUT replay protection: no ledger is configured. "
             "Pass @replay_safe(ledger=...), call replaysafe.set_default_ledger(...), or set "
-            f"{_constants.LEDGER_URL_ENV}.",
-            UnprotectedCallWarning,
-            stacklevel=4,
+            f"{_constants.LEDGER_URL_ENV}."
         )
-
-
-# --- performing effects: the only code that differs between sync and async ---------
-
-
-def _ledger_error(effect: LedgerOp, spec: ToolSpec, ledger: Ledger, exc: BaseException) -> LedgerError:
-    operation = type(effect).__name__.lower()
-    transient = isinstance(exc, ledger.transient_errors)
-    # A driver's own error, not SQLAlchemy's wrapper, whose text would quote the
-    # statement's parameters: those hold the tool's result.
-    cause = getattr(exc, "orig", None) or exc
-    return LedgerError(
-        f"ledger {operation} failed for {describe(spec.name, effect.key)} on {ledger!r} "
-        f"({type(cause).__name__}: {str(cause).strip()}). Check that the ledger is reachable and its table exists.",
-        tool_name=spec.name,
-        key=effect.key,
-        transient=transient,
-    )
-
-
-def _retrying_kwargs(ledger: Ledger) -> dict[str, Any]:
-    """Bounded retry of transient errors; the first attempt was made already."""
-    return {
-        "stop": tenacity.stop_after_attempt(max(ledger.retry.attempts - 1, 1))
-        | tenacity.stop_after_delay(ledger.retry.max_seconds),
-        "wait": tenacity.wait_random_exponential(multiplier=0.01, max=0.1),
-        "retry": tenacity.retry_if_exception_type(ledger.transient_errors),
-        "reraise": True,
-    }
-
-
-def _perform_ledger_op(effect: LedgerOp, ledger: Ledger, spec: ToolSpec) -> Any:
-    try:
-        return effect.on(ledger)
-    except Exception as exc:
-        if not isinstance(exc, ledger.transient_errors) or ledger.retry.attempts <= 1:
-            raise _ledger_error(effect, spec, ledger, exc) from exc
-    try:
-        for attempt in tenacity.Retrying(**_retrying_kwargs(ledger)):
-            with attempt:
-                return effect.on(ledger)
-    except Exception as exc:
-        raise _ledger_error(effect, spec, ledger, exc) from exc
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-async def _aperform_ledger_op(effect: LedgerOp, ledger: Ledger, spec: ToolSpec) -> Any:
-    aio = ledger.aio
-    try:
-        return await effect.on(aio)
-    except Exception as exc:
-        if not isinstance(exc, ledger.transient_errors) or ledger.retry.attempts <= 1:
-            raise _ledger_error(effect, spec, ledger, exc) from exc
-    try:
-        async for attempt in tenacity.AsyncRetrying(**_retrying_kwargs(ledger)):
-            with attempt:
-                return await effect.on(aio)
-    except Exception as exc:
-        raise _ledger_error(effect, spec, ledger, exc) from exc
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _drive(protocol: Protocol, ledger: Ledger, spec: ToolSpec, wrapped: Callable[..., Any]) -> Any:
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect: Effect = protocol.send(send) if error is None else protocol.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        send = error = None
-        try:
-            if isinstance(effect, RunTool):
-                token = _current.set(effect.call)
-                try:
-                    send = wrapped(*effect.call.args, **effect.call.kwargs)
-                finally:
-                    _current.reset(token)
-            elif isinstance(effect, Sleep):
-                time.sleep(effect.seconds)
-            else:
-                send = _perform_ledger_op(effect, ledger, spec)
-        except BaseException as exc:
-            error = exc
-
-
-async def _adrive(protocol: Protocol, ledger: Ledger, spec: ToolSpec, wrapped: Callable[..., Any]) -> Any:
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect: Effect = protocol.send(send) if error is None else protocol.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        send = error = None
-        try:
-            if isinstance(effect, RunTool):
-                token = _current.set(effect.call)
-                try:
-                    send = await wrapped(*effect.call.args, **effect.call.kwargs)
-                finally:
-                    _current.reset(token)
-            elif isinstance(effect, Sleep):
-                await asyncio.sleep(effect.seconds)
-            else:
-                send = await _aperform_ledger_op(effect, ledger, spec)
-        except BaseException as exc:
-            error = exc
-
-
-# --- the decorator -------------------------------------------------------------
+        emit(EventKind.UNPROTECTED, message, tool_name=tool_name, key=None, level=10)
+        warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
 
 
 @overload
@@ -223,11 +137,13 @@ def replay_safe(
     *,
     ledger: Ledger | None = None,
     name: str | None = None,
+    timeout: float | None = UNSET,
+    in_doubt: InDoubt = "rerun",
     record_errors: bool | type[BaseException] | tuple[type[BaseException], ...] = False,
     exclude_args: tuple[str, ...] | list[str] = (),
     on_missing_ids: OnMissingIds = "warn",
     on_ledger_error: OnLedgerError = "warn",
-    lease: float = _constants.LEASE,
+    lease: float | None = None,
     wait_timeout: float = _constants.WAIT_TIMEOUT,
     serializer: Serializer | None = None,
 ) -> Callable[[F], F]: ...
@@ -239,11 +155,13 @@ def replay_safe(
     *,
     ledger: Ledger | None = None,
     name: str | None = None,
+    timeout: float | None = UNSET,
+    in_doubt: InDoubt = "rerun",
     record_errors: bool | type[BaseException] | tuple[type[BaseException], ...] = False,
     exclude_args: tuple[str, ...] | list[str] = (),
     on_missing_ids: OnMissingIds = "warn",
     on_ledger_error: OnLedgerError = "warn",
-    lease: float = _constants.LEASE,
+    lease: float | None = None,
     wait_timeout: float = _constants.WAIT_TIMEOUT,
     serializer: Serializer | None = None,
 ) -> Any:
@@ -251,13 +169,15 @@ def replay_safe(
 
     Inside ``tool_call(thread_id, message_id, tool_call_id)`` the call is claimed in
     the ledger before the tool runs; a call already recorded returns its recorded
-    result without running. See docs/semantics.md for every rule.
+    result without running. See docs/semantics.md for every rule and option.
     """
     if func is None:
         return functools.partial(
             replay_safe,
             ledger=ledger,
             name=name,
+            timeout=timeout,
+            in_doubt=in_doubt,
             record_errors=record_errors,
             exclude_args=exclude_args,
             on_missing_ids=on_missing_ids,
@@ -270,14 +190,13 @@ def replay_safe(
     if not callable(function):
         raise TypeError(f"@replay_safe decorates functions, not {type(func).__name__}")
     tool_name = name or function.__name__
-    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
-        raise TypeError(f"@replay_safe on {tool_name}: generator (streaming) tools are not supported yet")
+    where = f"@replay_safe on {tool_name}"
     if on_missing_ids not in ("warn", "raise"):
-        raise ValueError(f"@replay_safe on {tool_name}: on_missing_ids must be 'warn' or 'raise'")
+        raise ValueError(f"{where}: on_missing_ids must be 'warn' or 'raise'")
     if on_ledger_error not in ("warn", "raise"):
-        raise ValueError(f"@replay_safe on {tool_name}: on_ledger_error must be 'warn' or 'raise'")
-    if lease <= 0 or wait_timeout < 0:
-        raise ValueError(f"@replay_safe on {tool_name}: lease must be > 0 and wait_timeout >= 0")
+        raise ValueError(f"{where}: on_ledger_error must be 'warn' or 'raise'")
+    if (lease is not None and lease <= 0) or wait_timeout < 0:
+        raise ValueError(f"{where}: lease must be > 0 and wait_timeout >= 0")
     if record_errors is True:
         recorded: tuple[type[BaseException], ...] = (Exception,)
     elif record_errors is False:
@@ -286,36 +205,60 @@ def replay_safe(
         recorded = (record_errors,)
     else:
         recorded = tuple(record_errors)
+    is_async_stream = inspect.isasyncgenfunction(function)
+    is_stream = is_async_stream or inspect.isgeneratorfunction(function)
     spec = ToolSpec(
         name=tool_name,
         serializer=serializer or _DEFAULT_SERIALIZER,
         record_errors=recorded,
         on_ledger_error=on_ledger_error,
-        lease=timedelta(seconds=lease),
+        lease=lease,
         wait_timeout=wait_timeout,
+        in_doubt=check_in_doubt(in_doubt, where) or "rerun",
         function=function,
+        streaming=is_stream,
     )
-    tool = _Tool(spec, ledger, on_missing_ids, tuple(exclude_args))
+    tool = _Tool(spec, ledger, timeout_setting(timeout, "timeout"), on_missing_ids, tuple(exclude_args))
 
-    # Sync or async is chosen once, here, not on every call.
+    # Sync, async, or streaming is chosen once, here, not on every call.
+    if is_async_stream:
+
+        @wrapt.decorator
+        async def protect_async_stream(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            plan = tool.plan(instance, args, kwargs)
+            chunks = wrapped(*args, **kwargs) if plan is None else astream(spec, plan, wrapped, args, kwargs)
+            async for chunk in chunks:
+                yield chunk
+
+        return protect_async_stream(func)
+
+    if is_stream:
+
+        @wrapt.decorator
+        def protect_stream(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            plan = tool.plan(instance, args, kwargs)
+            return wrapped(*args, **kwargs) if plan is None else stream(spec, plan, wrapped, args, kwargs)
+
+        return protect_stream(func)
+
     if inspect.iscoroutinefunction(function):
 
         @wrapt.decorator
-        async def protect_async(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        async def protect_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             plan = tool.plan(instance, args, kwargs)
             if plan is None:
                 return await wrapped(*args, **kwargs)
-            ledger, scope, digest = plan
-            return await _adrive(replay(spec, scope, digest, args, kwargs), ledger, spec, wrapped)
+            protocol = replay(spec, plan.scope, plan.digest, args, kwargs, plan.timeout)
+            return await adrive(protocol, plan.ledger, spec, plan.scope, wrapped)
 
         return protect_async(func)
 
     @wrapt.decorator
-    def protect(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def protect(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         plan = tool.plan(instance, args, kwargs)
         if plan is None:
             return wrapped(*args, **kwargs)
-        ledger, scope, digest = plan
-        return _drive(replay(spec, scope, digest, args, kwargs), ledger, spec, wrapped)
+        protocol = replay(spec, plan.scope, plan.digest, args, kwargs, plan.timeout)
+        return drive(protocol, plan.ledger, spec, plan.scope, wrapped)
 
     return protect(func)

@@ -34,6 +34,28 @@ class CallInDoubtError(ReplaySafeError):
     """The call's owner died (or gave up) while the tool ran: its side effect may have happened."""
 
 
+class ToolTimeoutError(ReplaySafeError, TimeoutError):
+    """The tool passed its deadline (``tool_timeout``, or what was left of ``node_timeout``).
+
+    The call is in doubt, not undone: a replay applies the in-doubt policy. When
+    ``still_running`` is true the tool (a sync tool in a worker thread) goes on in
+    the background and records its result if it finishes (a late completion).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        timeout: float,
+        still_running: bool = False,
+        tool_name: str | None = None,
+        key: CallKey | None = None,
+    ) -> None:
+        super().__init__(message, tool_name=tool_name, key=key)
+        self.timeout = timeout
+        self.still_running = still_running
+
+
 class LedgerError(ReplaySafeError):
     """The ledger could not be read or written.
 

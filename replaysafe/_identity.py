@@ -106,25 +106,51 @@ def call_idempotency_key(thread_id: str, message_id: str, tool_call_id: str, too
     return idempotency_key(thread_id, message_id, tool_call_id, tool_name, namespace="replaysafe.call")
 
 
-def _process_start() -> str:
-    """The process's start time (clock ticks since boot on Linux), to tell a reused pid apart."""
+def _read_stat(pid: int) -> list[bytes] | None:
+    """Fields 3.. of /proc/PID/stat (state first), or None when there is no such process."""
     try:
-        with open(f"/proc/{os.getpid()}/stat", "rb") as stat:
-            # Field 22; the command name (field 2) may hold spaces, so split after its ')'.
-            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+            return stat.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        return f"t{int(dt.datetime.now(dt.timezone.utc).timestamp() * 1e6)}"
+        return None
+
+
+def _process_start(pid: int) -> str | None:
+    """A process's start time in clock ticks since boot (field 22), to tell a reused pid apart."""
+    fields = _read_stat(pid)
+    return fields[19].decode() if fields is not None and len(fields) > 19 else None
+
+
+def _machine() -> str:
+    """This host as owner tokens name it: hostname, plus boot and pid namespace on Linux.
+
+    Two containers may share a hostname, or one kernel with separate pid
+    namespaces; a pid means something only within one boot and one namespace.
+    """
+    parts = []
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            parts.append(boot.read().strip())
+        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    except OSError:
+        pass
+    host = socket.gethostname().replace(":", "_").replace("#", "_")
+    return f"{host}/{_sha256('|'.join(parts))[:8]}" if parts else host
 
 
 class _ProcessOwner:
-    """``host:pid:start``, recomputed after a fork, plus a counter for each claim."""
+    """``machine:pid:start``, recomputed after a fork, plus a counter for each claim."""
 
     def __init__(self) -> None:
+        self.machine = _machine()
         self.reset()
         os.register_at_fork(after_in_child=self.reset)
 
     def reset(self) -> None:
-        self.prefix = f"{socket.gethostname()}:{os.getpid()}:{_process_start()}#"
+        pid = os.getpid()
+        start = _process_start(pid) or f"t{int(dt.datetime.now(dt.timezone.utc).timestamp() * 1e6)}"
+        self.prefix = f"{self.machine}:{pid}:{start}#"
         self.counter = itertools.count(1)
 
     def token(self) -> str:
@@ -135,5 +161,24 @@ _owner = _ProcessOwner()
 
 
 def owner_token() -> str:
-    """A token unique to one protected call in this process: ``host:pid:start#n``."""
+    """A token unique to one protected call: ``machine:pid:process-start#n``."""
     return _owner.token()
+
+
+def owner_alive(owner: str) -> bool | None:
+    """Whether the process that holds ``owner`` still runs, when this host can tell.
+
+    ``None`` when it cannot: another machine, or an owner token of another form.
+    On this machine a pid that is gone, a zombie, or now belongs to a process that
+    started later is dead at once.
+    """
+    machine, _, rest = owner.partition(":")
+    pid_text, _, start = rest.partition("#")[0].partition(":")
+    if machine != _owner.machine or not pid_text.isdigit():
+        return None
+    fields = _read_stat(int(pid_text))
+    if fields is None:
+        return False
+    if fields[0] == b"Z":  # killed, not yet reaped
+        return False
+    return len(fields) <= 19 or fields[19].decode() == start

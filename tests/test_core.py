@@ -20,8 +20,8 @@ SPEC = ToolSpec(
     serializer=JsonSerializer(),
     record_errors=(),
     on_ledger_error="warn",
-    lease=timedelta(seconds=330),
-    wait_timeout=1.0,
+    lease=330,
+    wait_timeout=1,
 )
 
 
@@ -39,7 +39,7 @@ def record(status: Status, *, lease_left: float = 100, result: str | None = None
 
 
 def start() -> Any:
-    protocol = replay(SPEC, CallScope(KEY), "d", ("1042",), {})
+    protocol = replay(SPEC, CallScope(KEY), "d", ("1042",), {}, None)
     return protocol, next(protocol)
 
 
@@ -56,8 +56,8 @@ def test_a_miss_claims_runs_then_records() -> None:
     mine = record(Status.RUNNING)
     run = protocol.send(ClaimResult(mine, True))
     assert isinstance(run, RunTool)
-    assert run.call.attempt == 1
-    assert run.call.args == ("1042",)
+    assert run.run.call.attempt == 1
+    assert run.run.call.args == ("1042",)
     complete = protocol.send("refunded")
     assert isinstance(complete, Complete)
     assert (complete.status, complete.result) == (Status.COMPLETED, '"refunded"')
@@ -87,7 +87,7 @@ def test_an_expired_lease_is_taken_over() -> None:
     assert takeover.record == stale
     run = protocol.send(Record(KEY, "refund_order", "d", Status.RUNNING, None, takeover.owner, 2, NOW, NOW, NOW))
     assert isinstance(run, RunTool)
-    assert run.call.attempt == 2
+    assert run.run.call.attempt == 2
 
 
 def test_a_lost_takeover_looks_again() -> None:
@@ -127,8 +127,8 @@ def test_a_cleanup_failure_never_hides_the_tool_error() -> None:
 
 def test_the_wait_is_bounded() -> None:
     """When the wait deadline passes, CallInProgressError."""
-    spec = ToolSpec("refund_order", JsonSerializer(), (), "warn", timedelta(seconds=330), wait_timeout=0)
-    protocol = replay(spec, CallScope(KEY), "d", (), {})
+    spec = ToolSpec("refund_order", JsonSerializer(), (), "warn", lease=330, wait_timeout=0)
+    protocol = replay(spec, CallScope(KEY), "d", (), {}, None)
     next(protocol)
     with pytest.raises(CallInProgressError):
         protocol.send(ClaimResult(record(Status.RUNNING), False))
