@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._codec import JsonSerializer, Serializer
-from ._config import set_default_ledger
-from ._context import CallInfo, current_call, tool_call
+from ._config import set_default_ledger, set_default_timeouts
+from ._context import CallInfo, current_call, node, tool_call
+from ._core import RERUN
 from ._decorator import replay_safe
 from ._errors import (
     ArgumentDigestError,
@@ -19,8 +20,10 @@ from ._errors import (
     ReplaySafeError,
     ReplaySafeWarning,
     ResultEncodingError,
+    ToolTimeoutError,
     UnprotectedCallWarning,
 )
+from ._events import Event, EventKind, on_event
 from ._identity import idempotency_key
 from ._records import CallKey, ClaimResult, Record, Status
 from .ledgers import Ledger, MemoryLedger, open_ledger
@@ -37,12 +40,15 @@ __all__ = [
     "CallInfo",
     "CallKey",
     "ClaimResult",
+    "Event",
+    "EventKind",
     "JsonSerializer",
     "Ledger",
     "LedgerError",
     "MemoryLedger",
     "MissingCallIdError",
     "PostgresLedger",
+    "RERUN",
     "Record",
     "RecordedToolError",
     "RedisLedger",
@@ -53,12 +59,16 @@ __all__ = [
     "Serializer",
     "SqliteLedger",
     "Status",
+    "ToolTimeoutError",
     "UnprotectedCallWarning",
     "current_call",
     "idempotency_key",
+    "node",
+    "on_event",
     "open_ledger",
     "replay_safe",
     "set_default_ledger",
+    "set_default_timeouts",
     "tool_call",
 ]
 

@@ -8,6 +8,18 @@ so its record is written; ``none``: exit normally).
 ``race LEDGER_URL EFFECTS THREAD KEYS THREADS START``: THREADS threads each call
 ``refund_order`` for KEYS keys, all starting at the wall-clock time START; print
 every result as JSON.
+
+``matrix LEDGER_URL EFFECTS THREAD POINT``: call ``refund_order`` (whose side effect
+is a line ``<idempotency key> <attempt>`` in EFFECTS) and SIGKILL itself at POINT:
+``before-claim``, ``before-body`` (claimed, body not started), ``after-effect``
+(inside the body, after the side effect), ``before-record`` (returned, record not
+yet written), ``after-record``.
+
+``hold LEDGER_URL THREAD``: claim ``refund_order`` and keep running inside it until
+killed (a live owner); prints ``claimed`` once the claim is written.
+
+``stream LEDGER_URL EFFECTS THREAD``: consume a streaming tool and SIGKILL itself
+after its second chunk.
 """
 
 from __future__ import annotations
@@ -18,8 +30,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
-from replaysafe import open_ledger, replay_safe, tool_call
+from replaysafe import current_call, open_ledger, replay_safe, tool_call
 
 
 def append(path: str, line: str) -> None:
@@ -74,10 +88,87 @@ def race(url: str, effects: str, thread: str, keys: int, threads: int, start: fl
     print(json.dumps(results), flush=True)
 
 
+class KillBeforeRecord:
+    """A ledger that dies (SIGKILL) when asked to write a call's result: the crash lands
+    exactly between the tool's return and its record."""
+
+    def __init__(self, ledger: Any) -> None:
+        self._ledger = ledger
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+    def complete(self, *args: Any, **kwargs: Any) -> bool:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+
+def refund_with_effect(ledger: Any, effects: str, kill_at: str) -> Any:
+    """The matrix's tool: same name, parameters and side effect as the resuming test's."""
+
+    @replay_safe(ledger=ledger)
+    def refund_order(order_id: str, amount: float) -> str:
+        info = current_call()
+        assert info is not None
+        if kill_at == "before-body":
+            os.kill(os.getpid(), signal.SIGKILL)
+        append(effects, f"{info.idempotency_key} {info.attempt}")
+        if kill_at == "after-effect":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return f"Refunded {amount:.2f} for order {order_id}"
+
+    return refund_order
+
+
+def matrix(url: str, effects: str, thread: str, point: str) -> None:
+    ledger = open_ledger(url)
+    tool = refund_with_effect(KillBeforeRecord(ledger) if point == "before-record" else ledger, effects, point)
+    with tool_call(thread, "msg_7", "call_1"):
+        if point == "before-claim":
+            os.kill(os.getpid(), signal.SIGKILL)
+        tool("1042", 59.0)
+    if point == "after-record":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hold(url: str, thread: str) -> None:
+    ledger = open_ledger(url)
+
+    @replay_safe(ledger=ledger, lease=1, timeout=None)
+    def refund_order(order_id: str, amount: float) -> str:
+        print("claimed", flush=True)
+        time.sleep(600)
+        return "never"
+
+    with tool_call(thread, "msg_7", "call_1"):
+        refund_order("1042", 59.0)
+
+
+def stream_and_die(url: str, effects: str, thread: str) -> None:
+    ledger = open_ledger(url)
+
+    @replay_safe(ledger=ledger)
+    def lines(n: int) -> Iterator[str]:
+        for i in range(n):
+            append(effects, f"chunk {i}")
+            yield f"line {i}"
+
+    with tool_call(thread, "msg_1", "call_1"):
+        for i, _ in enumerate(lines(5)):
+            if i == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
 if __name__ == "__main__":
     command, *argv = sys.argv[1:]
     if command == "crash":
         crash(*argv)
+    elif command == "matrix":
+        matrix(*argv)
+    elif command == "hold":
+        hold(*argv)
+    elif command == "stream":
+        stream_and_die(*argv)
     else:
         url, effects, thread, keys, threads, start = argv
         race(url, effects, thread, int(keys), int(threads), float(start))

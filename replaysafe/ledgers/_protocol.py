@@ -14,8 +14,14 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
+from .._clock import utcnow
+from .._codec import JsonSerializer, Serializer
 from .._constants import LEDGER_RETRY_ATTEMPTS, LEDGER_RETRY_MAX_SECONDS
+from .._events import EventKind, emit
+from .._identity import owner_token
 from .._records import CallKey, ClaimResult, Record, Status
+
+_NO_RESULT: Any = object()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,6 +84,12 @@ class Ledger(Protocol):
 
     def records(self, *, thread_id: str | None = None) -> Iterator[Record]:
         """Every record (of one thread), oldest first."""
+        ...
+
+    def resolve(
+        self, key: CallKey, *, result: Any = ..., rerun: bool = False, serializer: Serializer | None = None
+    ) -> Record | None:
+        """Settle an in-doubt call by hand: record ``result``, or ``rerun=True`` to let it run again."""
         ...
 
     def close(self) -> None: ...
@@ -155,7 +167,7 @@ class OffloadedAsyncLedger:
 
 
 class LedgerBase:
-    """What every ledger shares: context management, lazy open, retry settings."""
+    """What every ledger shares: context management, lazy open, retry settings, resolve."""
 
     transient_errors: tuple[type[BaseException], ...] = ()
     #: Whether operations wait on I/O (then ``.aio`` runs them in a worker thread).
@@ -173,6 +185,48 @@ class LedgerBase:
 
     def close(self) -> None:
         """Release the ledger's resources; it reopens lazily if used again."""
+
+    def resolve(
+        self: Any,
+        key: CallKey,
+        *,
+        result: Any = _NO_RESULT,
+        rerun: bool = False,
+        serializer: Serializer | None = None,
+    ) -> Record | None:
+        """Settle an in-doubt (or running) call by hand, after checking with the provider.
+
+        ``result=...`` records it as the call's result (a replay returns it, the tool
+        does not run); ``rerun=True`` removes the record, so the next replay runs the
+        tool. Returns the new record (``None`` after ``rerun``).
+        """
+        if rerun == (result is not _NO_RESULT):
+            raise TypeError("resolve() takes exactly one of result=... or rerun=True")
+        record = self.get(key)
+        if record is None:
+            raise LookupError(f"no record for {key}: nothing to resolve")
+        if record.status not in (Status.RUNNING, Status.IN_DOUBT):
+            raise ValueError(f"the call {key} is already {record.status}; delete(key) it to allow a rerun")
+        encoded = None if rerun else (serializer or JsonSerializer()).dumps(result)
+        owner = f"resolve@{owner_token()}"
+        now = utcnow()
+        taken = self.takeover(record, owner=owner, now=now, lease_expires_at=now)
+        if taken is None:
+            raise RuntimeError(f"the record of {key} changed while resolving it; look at it again and retry")
+        if rerun:
+            self.release(key, owner=owner)
+            settled = None
+        else:
+            self.complete(key, owner=owner, status=Status.COMPLETED, result=encoded, now=now)
+            settled = self.get(key)
+        emit(
+            EventKind.RECONCILED,
+            f"{record.tool_name} ({key}) was settled by hand: " + ("rerun" if rerun else "result recorded"),
+            tool_name=record.tool_name,
+            key=key,
+            attempt=record.attempt,
+        )
+        return settled
 
     def __enter__(self) -> Any:
         return self

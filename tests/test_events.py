@@ -1,0 +1,108 @@
+"""Events and logs: what happened to each call, with its ids and never its data."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from replaysafe import (
+    CallKey,
+    Event,
+    EventKind,
+    MemoryLedger,
+    ReplayMismatchError,
+    UnprotectedCallWarning,
+    on_event,
+    replay_safe,
+    tool_call,
+)
+
+
+@pytest.fixture
+def events() -> Iterator[list[Event]]:
+    seen: list[Event] = []
+    unsubscribe = on_event(seen.append)
+    yield seen
+    unsubscribe()
+
+
+def test_executed_replayed_mismatch_unprotected(memory_ledger: MemoryLedger, events: list[Event]) -> None:
+    """Each outcome is one typed event naming the tool and the ids."""
+
+    @replay_safe(ledger=memory_ledger)
+    def refund_order(order_id: str) -> str:
+        return "ok"
+
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "m", "c")
+    with tool_call(*key):
+        refund_order("1")
+    with tool_call(*key):
+        refund_order("1")
+    with tool_call(*key), pytest.raises(ReplayMismatchError):
+        refund_order("2")
+    with pytest.warns(UnprotectedCallWarning):
+        refund_order("3")
+    assert [e.kind for e in events] == [
+        EventKind.EXECUTED,
+        EventKind.REPLAYED,
+        EventKind.MISMATCH,
+        EventKind.UNPROTECTED,
+    ]
+    assert all(e.tool_name == "refund_order" for e in events)
+    assert [e.key for e in events[:3]] == [key, key, key]
+    assert events[0].attempt == 1
+    assert events[0].duration is not None
+    assert events[2].args_digest is not None
+
+
+def test_unsubscribe_and_failing_handlers(memory_ledger: MemoryLedger, caplog: pytest.LogCaptureFixture) -> None:
+    """A handler that raises is logged and never reaches the caller; unsubscribed handlers hear nothing."""
+    heard: list[Event] = []
+
+    def broken(event: Event) -> None:
+        raise RuntimeError("metrics backend down")
+
+    unsubscribe_broken = on_event(broken)
+    unsubscribe = on_event(heard.append)
+
+    @replay_safe(ledger=memory_ledger)
+    def tool() -> int:
+        return 1
+
+    with caplog.at_level(logging.ERROR, logger="replaysafe"), tool_call("t", "m", "c1"):
+        assert tool() == 1
+    assert any("event handler" in r.getMessage() for r in caplog.records)
+    unsubscribe()
+    unsubscribe_broken()
+    with tool_call("t", "m", "c2"):
+        tool()
+    assert len(heard) == 1
+
+
+def test_logs_carry_ids_never_arguments_or_results(
+    memory_ledger: MemoryLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Log records have the ids as extra fields; the secret argument and result appear nowhere."""
+
+    @replay_safe(ledger=memory_ledger)
+    def charge(card_number: str) -> str:
+        return "receipt-SECRET-RESULT"
+
+    key = CallKey("t-logs", "m", "c")
+    with caplog.at_level(logging.DEBUG, logger="replaysafe"):
+        with tool_call(*key):
+            charge("4111-SECRET-CARD")
+        with tool_call(*key), pytest.raises(ReplayMismatchError):
+            charge("4222-OTHER-CARD")
+    assert caplog.records
+    for record in caplog.records:
+        text = record.getMessage() + repr(record.__dict__)
+        assert "SECRET" not in text
+        assert "OTHER-CARD" not in text
+    mismatch = next(r for r in caplog.records if r.replaysafe_event == "mismatch")  # type: ignore[attr-defined]
+    assert mismatch.replaysafe_thread_id == "t-logs"  # type: ignore[attr-defined]
+    assert mismatch.replaysafe_tool_name == "charge"  # type: ignore[attr-defined]
+    assert len(mismatch.replaysafe_args_digest) == 64  # type: ignore[attr-defined]

@@ -1,0 +1,273 @@
+"""In-doubt calls, made for real: a process is SIGKILLed inside the tool, then we resume."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replaysafe import (
+    RERUN,
+    CallInDoubtError,
+    CallInfo,
+    CallInProgressError,
+    CallKey,
+    Event,
+    EventKind,
+    Ledger,
+    Status,
+    current_call,
+    on_event,
+    open_ledger,
+    replay_safe,
+    tool_call,
+)
+
+CHILD = str(Path(__file__).with_name("child.py"))
+
+
+def crash_inside_the_tool(url: str, effects: Path) -> CallKey:
+    """Run refund_order in a child that is SIGKILLed right after the side effect."""
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    done = subprocess.run(
+        [sys.executable, CHILD, "matrix", url, str(effects), thread, "after-effect"], capture_output=True, text=True
+    )
+    assert done.returncode == -9, done.stderr
+    return CallKey(thread, "msg_7", "call_1")
+
+
+def refund_tool(ledger: Ledger, effects: Path, **options: Any) -> Any:
+    @replay_safe(ledger=ledger, **options)
+    def refund_order(order_id: str, amount: float) -> str:
+        info = current_call()
+        assert info is not None
+        with effects.open("a") as out:
+            out.write(f"{info.idempotency_key} {info.attempt}\n")
+        return f"Refunded {amount:.2f} for order {order_id}"
+
+    return refund_order
+
+
+def attempts_in(effects: Path) -> list[str]:
+    return [line.split()[1] for line in effects.read_text().splitlines()]
+
+
+def test_a_dead_owner_on_this_machine_is_in_doubt_at_once(
+    durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path
+) -> None:
+    """The owner's pid is gone, so the call is in doubt long before its 330 s lease ends; rerun is attempt 2."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(durable_ledger_url, effects)
+    record = durable_ledger.get(key)
+    assert record is not None
+    assert record.status is Status.RUNNING
+    seen: list[Event] = []
+    unsubscribe = on_event(seen.append)
+    try:
+        with tool_call(*key):
+            assert refund_tool(durable_ledger, effects)("1042", 59.0) == "Refunded 59.00 for order 1042"
+    finally:
+        unsubscribe()
+    assert attempts_in(effects) == ["1", "2"]
+    in_doubt = [e for e in seen if e.kind is EventKind.IN_DOUBT]
+    assert len(in_doubt) == 1
+    assert in_doubt[0].key == key
+    assert in_doubt[0].owner == record.owner
+    # Both attempts handed the provider the same idempotency key.
+    assert len({line.split()[0] for line in effects.read_text().splitlines()}) == 1
+
+
+def test_raise_policy_runs_nothing_and_keeps_the_record(
+    durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path
+) -> None:
+    """in_doubt='raise' raises CallInDoubtError naming the call; the record stays for an operator."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(durable_ledger_url, effects)
+    with tool_call(*key), pytest.raises(CallInDoubtError) as raised:
+        refund_tool(durable_ledger, effects, in_doubt="raise")("1042", 59.0)
+    assert key.thread_id in str(raised.value)
+    assert "ledger.resolve" in str(raised.value)
+    assert attempts_in(effects) == ["1"]
+    record = durable_ledger.get(key)
+    assert record is not None
+    assert record.status is Status.RUNNING
+
+
+def test_tool_call_policy_overrides_the_decorator(
+    durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path
+) -> None:
+    """tool_call(in_doubt='raise') wins over the decorator's default 'rerun'."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(durable_ledger_url, effects)
+    with tool_call(*key, in_doubt="raise"), pytest.raises(CallInDoubtError):
+        refund_tool(durable_ledger, effects)("1042", 59.0)
+
+
+def test_a_reconciler_that_finds_the_result_records_it(
+    durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path
+) -> None:
+    """A reconciler gets the call; the result it finds at the provider is recorded, the tool not run."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(durable_ledger_url, effects)
+    asked: list[CallInfo] = []
+
+    def check_refund(call: CallInfo) -> Any:
+        asked.append(call)
+        provider_keys = {line.split()[0] for line in effects.read_text().splitlines()}
+        return "Refunded 59.00 (found at provider)" if call.idempotency_key in provider_keys else RERUN
+
+    tool = refund_tool(durable_ledger, effects, in_doubt=check_refund)
+    with tool_call(*key):
+        assert tool("1042", 59.0) == "Refunded 59.00 (found at provider)"
+    with tool_call(*key):  # and it is now an ordinary recorded call
+        assert tool("1042", 59.0) == "Refunded 59.00 (found at provider)"
+    assert attempts_in(effects) == ["1"]
+    (call,) = asked
+    assert (call.thread_id, call.message_id, call.tool_call_id, call.tool_name) == (*key, "refund_order")
+    assert call.args == ("1042", 59.0)
+    assert call.attempt == 1
+    record = durable_ledger.get(key)
+    assert record is not None
+    assert (record.status, record.attempt) == (Status.COMPLETED, 2)
+
+
+def test_a_reconciler_may_ask_for_a_rerun(durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path) -> None:
+    """RERUN from the reconciler runs the tool again as attempt 2."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(durable_ledger_url, effects)
+    with tool_call(*key):
+        refund_tool(durable_ledger, effects, in_doubt=lambda call: RERUN)("1042", 59.0)
+    assert attempts_in(effects) == ["1", "2"]
+
+
+def test_a_failing_reconciler_leaves_the_call_in_doubt(
+    durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path
+) -> None:
+    """If the reconciler raises, its error propagates and the call stays in doubt for next time."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(durable_ledger_url, effects)
+
+    def provider_down(call: CallInfo) -> Any:
+        raise ConnectionError("provider unreachable")
+
+    with tool_call(*key), pytest.raises(ConnectionError):
+        refund_tool(durable_ledger, effects, in_doubt=provider_down)("1042", 59.0)
+    record = durable_ledger.get(key)
+    assert record is not None
+    assert record.status is Status.IN_DOUBT
+    with tool_call(*key):  # the next replay applies the policy again
+        refund_tool(durable_ledger, effects)("1042", 59.0)
+    assert attempts_in(effects) == ["1", "3"]
+
+
+def test_operator_resolves_with_a_result(durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path) -> None:
+    """ledger.resolve(key, result=...) settles the call; a replay returns that result."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(durable_ledger_url, effects)
+    settled = durable_ledger.resolve(key, result="refund confirmed by hand")
+    assert settled is not None
+    assert settled.status is Status.COMPLETED
+    with tool_call(*key):
+        assert refund_tool(durable_ledger, effects, in_doubt="raise")("1042", 59.0) == "refund confirmed by hand"
+    assert attempts_in(effects) == ["1"]
+
+
+def test_operator_resolves_with_a_rerun(durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path) -> None:
+    """ledger.resolve(key, rerun=True) lets the next replay run the tool, even under in_doubt='raise'."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(durable_ledger_url, effects)
+    assert durable_ledger.resolve(key, rerun=True) is None
+    with tool_call(*key):
+        refund_tool(durable_ledger, effects, in_doubt="raise")("1042", 59.0)
+    assert attempts_in(effects) == ["1", "1"]
+
+
+def test_resolve_refuses_a_settled_call(ledger: Ledger) -> None:
+    """A completed call is not resolved again; a missing one is a LookupError."""
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "m", "c")
+    with pytest.raises(LookupError):
+        ledger.resolve(key, result=1)
+    with tool_call(*key):
+        replay_safe(ledger=ledger)(lambda: 1)()
+    with pytest.raises(ValueError, match="already completed"):
+        ledger.resolve(key, result=2)
+    with pytest.raises(TypeError, match="exactly one"):
+        ledger.resolve(key)
+
+
+def test_a_live_owner_elsewhere_on_this_machine_is_never_declared_dead(
+    durable_ledger: Ledger, durable_ledger_url: str
+) -> None:
+    """Past its 1 s lease, a live owner process is still waited for, not taken over."""
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    holder = subprocess.Popen(
+        [sys.executable, CHILD, "hold", durable_ledger_url, thread], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "claimed"
+        key = CallKey(thread, "msg_7", "call_1")
+        record = durable_ledger.get(key)
+        assert record is not None
+        while dt.datetime.now(dt.timezone.utc) <= record.lease_expires_at:
+            time.sleep(0.1)  # let the 1 s lease run out
+        runs: list[int] = []
+
+        @replay_safe(ledger=durable_ledger, wait_timeout=0.3)
+        def refund_order(order_id: str, amount: float) -> str:
+            runs.append(1)
+            return "second run"
+
+        with tool_call(*key), pytest.raises(CallInProgressError):
+            refund_order("1042", 59.0)
+        assert runs == []
+    finally:
+        holder.kill()
+        holder.wait()
+        assert holder.stdout is not None
+        holder.stdout.close()
+
+
+async def test_a_cancelled_async_tool_is_in_doubt_at_once(ledger: Ledger) -> None:
+    """Cancelling a running async tool marks its call in doubt: a replay need not wait for the lease."""
+    started = asyncio.Event()
+
+    @replay_safe(ledger=ledger)
+    async def refund_order(order_id: str) -> str:
+        started.set()
+        await asyncio.sleep(60)
+        return "never"
+
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "m", "c")
+
+    async def call() -> str:
+        async with tool_call(*key):
+            return await refund_order("1")
+
+    task = asyncio.create_task(call())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    record = ledger.get(key)
+    assert record is not None
+    assert record.status is Status.IN_DOUBT
+
+
+def test_open_ledger_roundtrip_for_children(durable_ledger_url: str) -> None:
+    """The URL a child process gets opens the same store as the fixture's ledger."""
+    with open_ledger(durable_ledger_url) as ledger:
+        key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "m", "c")
+        with tool_call(*key):
+            replay_safe(ledger=ledger, name="probe")(lambda: 7)()
+    with open_ledger(durable_ledger_url) as again:
+        record = again.get(key)
+        assert record is not None
+        assert record.result == "7"

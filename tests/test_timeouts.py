@@ -1,0 +1,333 @@
+"""Timeouts, for real: interrupted sync tools, late completions, cancelled async tools, node deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from replaysafe import (
+    CallKey,
+    Ledger,
+    MemoryLedger,
+    Status,
+    ToolTimeoutError,
+    _config,
+    node,
+    replay_safe,
+    set_default_timeouts,
+    tool_call,
+)
+
+
+def new_key() -> CallKey:
+    return CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_timeouts() -> Iterator[None]:
+    saved = (_config.default_tool_timeout, _config.default_node_timeout)
+    yield
+    _config.default_tool_timeout, _config.default_node_timeout = saved
+
+
+def wait_for_status(ledger: Ledger, key: CallKey, status: Status) -> None:
+    for _ in range(200):
+        record = ledger.get(key)
+        if record is not None and record.status is status:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{key} never became {status}: {ledger.get(key)}")
+
+
+def test_sync_tool_in_the_main_thread_is_interrupted(ledger: Ledger) -> None:
+    """In the main thread a timer interrupts the tool at its deadline; the call is in doubt."""
+    finished: list[bool] = []
+
+    @replay_safe(ledger=ledger, timeout=0.2)
+    def slow_refund(order_id: str) -> str:
+        time.sleep(30)
+        finished.append(True)
+        return "late"
+
+    key = new_key()
+    assert threading.current_thread() is threading.main_thread()
+    with tool_call(*key), pytest.raises(ToolTimeoutError) as raised:
+        slow_refund("1")
+    assert not raised.value.still_running
+    assert raised.value.timeout == 0.2
+    assert key.thread_id in str(raised.value)
+    assert finished == []
+    record = ledger.get(key)
+    assert record is not None
+    assert record.status is Status.IN_DOUBT
+    # The timer and handler are gone: nothing fires later.
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+
+
+def test_sync_tool_off_the_main_thread_completes_late_and_is_recorded(ledger: Ledger) -> None:
+    """Off the main thread the caller gets ToolTimeoutError at the deadline; the late result is recorded."""
+    release = threading.Event()
+    runs: list[int] = []
+
+    @replay_safe(ledger=ledger, timeout=0.2)
+    def slow_refund(order_id: str) -> str:
+        runs.append(1)
+        release.wait(30)
+        return f"refunded {order_id}"
+
+    key = new_key()
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        with tool_call(*key):
+            try:
+                slow_refund("7")
+            except ToolTimeoutError as exc:
+                errors.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    caller.join(30)
+    (error,) = errors
+    assert isinstance(error, ToolTimeoutError)
+    assert error.still_running
+    record = ledger.get(key)
+    assert record is not None
+    assert record.status is Status.RUNNING  # its claim stays while the tool still runs
+    release.set()
+    wait_for_status(ledger, key, Status.COMPLETED)
+    with tool_call(*key):
+        assert slow_refund("7") == "refunded 7"
+    assert runs == [1]
+
+
+def test_a_replay_waits_for_a_late_sync_tool(ledger: Ledger) -> None:
+    """While a timed-out tool still runs in a live process, a replay waits and gets its late result."""
+    release = threading.Event()
+    runs: list[int] = []
+
+    @replay_safe(ledger=ledger, timeout=0.1, wait_timeout=30)
+    def slow_refund(order_id: str) -> str:
+        runs.append(1)
+        release.wait(30)
+        return "late result"
+
+    key = new_key()
+
+    def first() -> None:
+        with tool_call(*key), pytest.raises(ToolTimeoutError):
+            slow_refund("1")
+
+    caller = threading.Thread(target=first)
+    caller.start()
+    caller.join(30)
+    threading.Timer(0.3, release.set).start()
+    results: list[str] = []
+
+    def replay() -> None:
+        with tool_call(*key):
+            results.append(slow_refund("1"))
+
+    replayer = threading.Thread(target=replay)
+    replayer.start()
+    replayer.join(30)
+    assert results == ["late result"]
+    assert runs == [1]
+
+
+def test_lease_follows_the_timeout(ledger: Ledger) -> None:
+    """A claim is held for the timeout plus a 30 s margin."""
+    seen: list[dt.timedelta] = []
+
+    @replay_safe(ledger=ledger, timeout=12)
+    def tool() -> None:
+        record = ledger.get(key)
+        assert record is not None
+        seen.append(record.lease_expires_at - record.created_at)
+
+    key = new_key()
+    with tool_call(*key):
+        tool()
+    assert seen == [dt.timedelta(seconds=42)]
+
+
+async def test_async_tool_is_cancelled_at_its_deadline(ledger: Ledger) -> None:
+    """An async tool past its deadline is cancelled; the caller gets ToolTimeoutError; the call is in doubt."""
+    cancelled: list[bool] = []
+
+    @replay_safe(ledger=ledger, timeout=0.2)
+    async def slow_refund(order_id: str) -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "late"
+
+    key = new_key()
+    async with tool_call(*key):
+        with pytest.raises(ToolTimeoutError) as raised:
+            await slow_refund("1")
+    assert cancelled == [True]
+    assert not raised.value.still_running
+    record = ledger.get(key)
+    assert record is not None
+    assert record.status is Status.IN_DOUBT
+
+
+async def test_a_tools_own_timeout_error_is_not_ours(memory_ledger: MemoryLedger) -> None:
+    """A TimeoutError the tool raises itself propagates as is and releases the claim."""
+
+    @replay_safe(ledger=memory_ledger, timeout=10)
+    async def flaky() -> str:
+        raise TimeoutError("the provider timed out")
+
+    key = new_key()
+    async with tool_call(*key):
+        with pytest.raises(TimeoutError, match="provider timed out") as raised:
+            await flaky()
+    assert not isinstance(raised.value, ToolTimeoutError)
+    assert memory_ledger.get(key) is None
+
+
+def test_node_deadline_is_shared_by_its_calls(memory_ledger: MemoryLedger) -> None:
+    """Each call in a node gets min(tool_timeout, time left); past the deadline nothing runs."""
+    runs: list[str] = []
+
+    @replay_safe(ledger=memory_ledger)
+    def step(name: str, seconds: float) -> str:
+        runs.append(name)
+        time.sleep(seconds)
+        return name
+
+    thread = new_key().thread_id
+    with node(node_timeout=1.0):
+        with tool_call(thread, "m", "c1"):
+            assert step("first", 0.6) == "first"
+        with tool_call(thread, "m", "c2"), pytest.raises(ToolTimeoutError):
+            step("second", 5)  # only ~0.4 s are left
+        with tool_call(thread, "m", "c3"), pytest.raises(ToolTimeoutError, match="node's time ran out"):
+            step("third", 0)
+    assert runs == ["first", "second"]
+
+
+def test_node_from_a_config_mapping(memory_ledger: MemoryLedger) -> None:
+    """node(config) reads node_timeout and tool_timeout, also under "configurable"."""
+    leases: list[dt.timedelta] = []
+
+    @replay_safe(ledger=memory_ledger)
+    def tool() -> None:
+        record = memory_ledger.get(key)
+        assert record is not None
+        leases.append(record.lease_expires_at - record.created_at)
+
+    key = new_key()
+    config = {"configurable": {"thread_id": key.thread_id, "tool_timeout": 5, "node_timeout": 600}}
+    with node(config), tool_call(*key):
+        tool()
+    assert leases == [dt.timedelta(seconds=35)]
+
+
+@pytest.mark.parametrize("disabled", [None, 0])
+def test_none_or_zero_disables_the_timeout(memory_ledger: MemoryLedger, disabled: float | None) -> None:
+    """With no timeout the tool runs inline in the caller's thread, with no timer and no worker."""
+    threads: list[threading.Thread] = []
+
+    @replay_safe(ledger=memory_ledger, timeout=disabled)
+    def tool() -> None:
+        threads.append(threading.current_thread())
+
+    def call() -> None:
+        with tool_call(*new_key()):
+            tool()
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    caller.join(10)
+    assert threads == [caller]
+
+
+def test_timeout_precedence(memory_ledger: MemoryLedger) -> None:
+    """tool_call beats node, node beats the decorator, the decorator beats the global default."""
+    leases: list[float] = []
+
+    @replay_safe(ledger=memory_ledger, timeout=20)
+    def tool(n: int) -> None:
+        record = next(r for r in memory_ledger.records() if r.status is Status.RUNNING)
+        leases.append((record.lease_expires_at - record.created_at).total_seconds() - 30)
+
+    @replay_safe(ledger=memory_ledger)
+    def plain(n: int) -> None:
+        tool.__wrapped__(n)  # type: ignore[attr-defined]
+
+    def run(fn: Any, n: int, **options: Any) -> None:
+        with tool_call(new_key().thread_id, "m", str(n), **options):
+            fn(n)
+
+    run(tool, 1)  # decorator
+    run(tool, 2, tool_timeout=5)  # tool_call
+    with node(tool_timeout=7):
+        run(tool, 3)  # node
+        run(tool, 4, tool_timeout=9)  # tool_call over node
+    set_default_timeouts(tool_timeout=11)
+    run(plain, 5)  # global
+    with node(config={"tool_timeout": 13}):
+        run(plain, 6)
+    assert leases == [20, 5, 7, 9, 11, 13]
+
+
+def test_tool_call_from_config(memory_ledger: MemoryLedger) -> None:
+    """tool_call.from_config reads thread_id, tool_timeout and in_doubt from a run config."""
+    scope = tool_call.from_config(
+        {"configurable": {"thread_id": "t1"}, "tool_timeout": 60, "in_doubt": "raise"},
+        message_id="msg_1",
+        tool_call_id="call_1",
+    ).scope
+    assert scope.key == CallKey("t1", "msg_1", "call_1")
+    assert scope.tool_timeout == 60
+    assert scope.in_doubt == "raise"
+    assert (
+        tool_call.from_config(
+            {"thread_id": "t", "tool_timeout": 0}, message_id="m", tool_call_id="c"
+        ).scope.tool_timeout
+        is None
+    )
+
+
+def test_bad_timeouts_are_rejected() -> None:
+    """A negative timeout is a clear error wherever it is given."""
+    with pytest.raises(ValueError, match="tool_timeout"):
+        tool_call("t", "m", "c", tool_timeout=-1)
+    with pytest.raises(ValueError, match="node_timeout"):
+        node(node_timeout=-5)
+    with pytest.raises(ValueError, match="timeout"):
+        replay_safe(timeout=-1)(lambda: None)
+
+
+def test_someone_elses_sigalrm_is_left_alone(memory_ledger: MemoryLedger) -> None:
+    """With another SIGALRM handler installed, the tool runs in a worker instead of using the timer."""
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(1))
+    threads: list[threading.Thread] = []
+    try:
+
+        @replay_safe(ledger=memory_ledger, timeout=5)
+        def tool() -> None:
+            threads.append(threading.current_thread())
+
+        with tool_call(*new_key()):
+            tool()
+        assert threads[0] is not threading.main_thread()
+        assert signal.getsignal(signal.SIGALRM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert fired == []
