@@ -25,6 +25,7 @@ from ._errors import (
 )
 from ._events import Event, EventKind, on_event
 from ._identity import idempotency_key
+from ._otel import instrument_opentelemetry
 from ._records import CallKey, ClaimResult, Record, Status
 from .ledgers import Ledger, MemoryLedger, open_ledger
 
@@ -63,6 +64,7 @@ __all__ = [
     "UnprotectedCallWarning",
     "current_call",
     "idempotency_key",
+    "instrument_opentelemetry",
     "node",
     "on_event",
     "open_ledger",
