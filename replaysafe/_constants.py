@@ -23,3 +23,5 @@ LEDGER_RETRY_MAX_SECONDS = 0.5
 LEDGER_URL_ENV = "REPLAYSAFE_LEDGER_URL"
 #: The table every SQL ledger uses unless told otherwise.
 TABLE_NAME = "tool_executions"
+#: The largest encoded result a call records; a larger one is a record failure.
+MAX_RESULT_BYTES = 16 * 1024 * 1024

@@ -90,11 +90,36 @@ _node: contextvars.ContextVar[NodeScope | None] = contextvars.ContextVar("replay
 _current: contextvars.ContextVar[CallInfo | None] = contextvars.ContextVar("replaysafe_current", default=None)
 
 
+#: The longest id every ledger stores, in UTF-8 bytes.
+MAX_ID_BYTES = 65536
+
+
 def _check_id(name: str, value: object) -> str:
+    """Ids are text every store keeps as is; anything else is refused before any I/O."""
     if value is None:
         return ""
     if not isinstance(value, str):
         raise TypeError(f"tool_call(): {name} must be a str, got {type(value).__name__} {value!r}")
+    problem = None
+    if "\x00" in value:
+        problem = "contains a NUL character, which PostgreSQL text cannot hold"
+    elif not value.isascii():
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            problem = "contains a lone surrogate, which is not valid UTF-8"
+        else:
+            if size > MAX_ID_BYTES:
+                problem = f"is {size} bytes long; the limit is {MAX_ID_BYTES}"
+    elif len(value) > MAX_ID_BYTES:
+        problem = f"is {len(value)} bytes long; the limit is {MAX_ID_BYTES}"
+    if problem is not None:
+        from ._errors import InvalidCallIdError
+
+        raise InvalidCallIdError(
+            f"tool_call(): {name} {value[:40]!r}... {problem}. Use the id your framework gives, or a digest of it "
+            "(replaysafe.idempotency_key(raw_id))."
+        )
     return value
 
 

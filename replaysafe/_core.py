@@ -32,6 +32,7 @@ from ._errors import (
     LedgerError,
     RecordedToolError,
     ReplayMismatchError,
+    ResultEncodingError,
     ToolTimeoutError,
     describe,
 )
@@ -80,6 +81,7 @@ class ToolSpec:
     lease: float | None
     wait_timeout: float
     in_doubt: InDoubtPolicy = "rerun"
+    max_result_bytes: int = _constants.MAX_RESULT_BYTES
     #: The tool function, whose return annotation says what type a replay rebuilds.
     function: Any = None
     streaming: bool = False
@@ -466,6 +468,10 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
     key = run.call.key
     try:
         encoded = spec.serializer.dumps(result)
+        if len(encoded) > spec.max_result_bytes:
+            raise ResultEncodingError(
+                f"its encoded size, {len(encoded)} bytes, is over max_result_bytes={spec.max_result_bytes}"
+            )
     except Exception as exc:
         message = (
             f"{describe(spec.name, key)} ran, but its result cannot be recorded: {exc}. The call is marked in "

@@ -145,6 +145,7 @@ def replay_safe(
     on_ledger_error: OnLedgerError = "warn",
     lease: float | None = None,
     wait_timeout: float = _constants.WAIT_TIMEOUT,
+    max_result_bytes: int = _constants.MAX_RESULT_BYTES,
     serializer: Serializer | None = None,
 ) -> Callable[[F], F]: ...
 
@@ -163,6 +164,7 @@ def replay_safe(
     on_ledger_error: OnLedgerError = "warn",
     lease: float | None = None,
     wait_timeout: float = _constants.WAIT_TIMEOUT,
+    max_result_bytes: int = _constants.MAX_RESULT_BYTES,
     serializer: Serializer | None = None,
 ) -> Any:
     """Protect a tool with side effects from running again when its call is replayed.
@@ -184,6 +186,7 @@ def replay_safe(
             on_ledger_error=on_ledger_error,
             lease=lease,
             wait_timeout=wait_timeout,
+            max_result_bytes=max_result_bytes,
             serializer=serializer,
         )
     function = getattr(func, "__func__", func)  # a staticmethod or classmethod object
@@ -195,8 +198,8 @@ def replay_safe(
         raise ValueError(f"{where}: on_missing_ids must be 'warn' or 'raise'")
     if on_ledger_error not in ("warn", "raise"):
         raise ValueError(f"{where}: on_ledger_error must be 'warn' or 'raise'")
-    if (lease is not None and lease <= 0) or wait_timeout < 0:
-        raise ValueError(f"{where}: lease must be > 0 and wait_timeout >= 0")
+    if (lease is not None and lease <= 0) or wait_timeout < 0 or max_result_bytes <= 0:
+        raise ValueError(f"{where}: lease and max_result_bytes must be > 0, wait_timeout >= 0")
     if record_errors is True:
         recorded: tuple[type[BaseException], ...] = (Exception,)
     elif record_errors is False:
@@ -215,6 +218,7 @@ def replay_safe(
         lease=lease,
         wait_timeout=wait_timeout,
         in_doubt=check_in_doubt(in_doubt, where) or "rerun",
+        max_result_bytes=max_result_bytes,
         function=function,
         streaming=is_stream,
     )

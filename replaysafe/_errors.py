@@ -81,6 +81,10 @@ class MissingCallIdError(ReplaySafeError):
     """A protected tool was called without a thread, message or tool call id."""
 
 
+class InvalidCallIdError(ReplaySafeError, ValueError):
+    """An id no ledger can store faithfully (a NUL byte, a lone surrogate, over 64 KB)."""
+
+
 class ArgumentDigestError(ReplaySafeError, TypeError):
     """An argument is not data, so no stable digest of the call exists."""
 

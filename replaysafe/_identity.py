@@ -61,7 +61,7 @@ def args_digest(arguments: Mapping[str, Any], *, tool_name: str) -> str:
     """The digest of a call's arguments, bound by name; stable across processes."""
     try:
         return _sha256(_canonical(arguments))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         name = _offending_argument(arguments)
         raise ArgumentDigestError(
             f"cannot digest argument {name!r} of {tool_name} ({exc}): it is not data. "
@@ -74,7 +74,7 @@ def _offending_argument(arguments: Mapping[str, Any]) -> str:
     for name, value in arguments.items():
         try:
             _canonical(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             return name
     return "?"  # pragma: no cover - only reached when the mapping itself cannot encode
 
