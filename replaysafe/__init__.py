@@ -21,6 +21,7 @@ from ._errors import (
     ReplaySafeError,
     ReplaySafeWarning,
     ResultEncodingError,
+    TamperedRecordError,
     ToolTimeoutError,
     UnprotectedCallWarning,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "Serializer",
     "SqliteLedger",
     "Status",
+    "TamperedRecordError",
     "ToolTimeoutError",
     "UnprotectedCallWarning",
     "current_call",

@@ -33,12 +33,14 @@ from ._errors import (
     RecordedToolError,
     ReplayMismatchError,
     ResultEncodingError,
+    TamperedRecordError,
     ToolTimeoutError,
     describe,
 )
 from ._events import EventKind, emit
 from ._identity import call_idempotency_key, owner_alive, owner_token
 from ._records import CallKey, ClaimResult, Record, Status
+from ._sealing import Sealer, unsealed
 
 OnLedgerError = Literal["warn", "raise"]
 
@@ -189,6 +191,8 @@ class Run:
     owner: str | None
     #: Seconds the tool may run, ``None`` for no limit.
     timeout: float | None
+    args_digest: str = ""
+    sealer: Sealer | None = None
     started: float = dataclasses.field(default_factory=time.monotonic)
 
 
@@ -267,12 +271,12 @@ def encode_error(exc: BaseException) -> str:
     return json.dumps({"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc)})
 
 
-def recorded_error(spec: ToolSpec, record: Record) -> RecordedToolError:
+def recorded_error(spec: ToolSpec, record: Record, text: str | None) -> RecordedToolError:
     try:
-        stored = json.loads(record.result or "{}")
+        stored = json.loads(text or "{}")
         error_type, error_message = str(stored["type"]), str(stored["message"])
     except (ValueError, KeyError, TypeError):
-        error_type, error_message = "<unreadable>", record.result or ""
+        error_type, error_message = "<unreadable>", text or ""
     return RecordedToolError(
         f"{describe(spec.name, record.key)} raised {error_type}: {error_message} when it first ran, and that "
         "failure is recorded, so it was not run again. Delete the record (ledger.delete(key)) to allow a retry.",
@@ -308,10 +312,15 @@ def begin(
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     timeout: float | None,
+    sealer: Sealer | None = None,
 ) -> Generator[Effect, Any, Replay | Run]:
     """Claim the call, then decide: replay a recorded result, or run the tool."""
     key = scope.key
     owner = owner_token()
+
+    def run(attempt: int) -> Run:
+        return Run(_call_info(spec, key, attempt, args, kwargs), owner, timeout, args_digest, sealer)
+
     lease = spec.lease_for(timeout)
     deadline: datetime | None = None
     backoff = _constants.WAIT_BACKOFF_FIRST
@@ -325,11 +334,12 @@ def begin(
         _check_same_call(spec, record, args_digest)
         # Our own record: a claim whose first answer was lost and was tried again.
         if found.claimed or (record.status is Status.RUNNING and record.owner == owner):
-            return Run(_call_info(spec, key, record.attempt, args, kwargs), owner, timeout)
+            return run(record.attempt)
         verdict = judge(record, now)
         if verdict is Verdict.REPLAY:
+            text = _trusted_text(spec, record, sealer)
             try:
-                value = spec.decode(record.result)
+                value = spec.decode(text)
             except Exception as exc:
                 unreadable = LedgerError(
                     f"the recorded result of {describe(spec.name, key)} cannot be decoded ({exc!r}); inspect the "
@@ -354,7 +364,7 @@ def begin(
                 key=key,
                 attempt=record.attempt,
             )
-            raise recorded_error(spec, record)
+            raise recorded_error(spec, record, _trusted_text(spec, record, sealer))
         if verdict is Verdict.IN_DOUBT:
             policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
             _report_in_doubt(spec, record, policy)
@@ -374,10 +384,10 @@ def begin(
             if taken is None:
                 continue  # another worker moved first: look again
             if callable(policy):
-                answer = yield from _reconcile(spec, policy, _call_info(spec, key, record.attempt, args, kwargs), owner)
+                answer = yield from _reconcile(spec, policy, run(record.attempt), taken.attempt)
                 if answer is not RERUN:
                     return Replay(answer)
-            return Run(_call_info(spec, key, taken.attempt, args, kwargs), owner, timeout)
+            return run(taken.attempt)
         # A live owner runs this very call: wait for its result, with a bounded backoff.
         if deadline is None:
             deadline = now + timedelta(seconds=spec.wait_timeout)
@@ -411,8 +421,22 @@ def _report_in_doubt(spec: ToolSpec, record: Record, policy: InDoubtPolicy) -> N
     )
 
 
-def _reconcile(spec: ToolSpec, reconciler: Reconciler, call: CallInfo, owner: str) -> Generator[Effect, Any, Any]:
-    """Ask the reconciler; record the result it found at the provider, or return RERUN."""
+def _trusted_text(spec: ToolSpec, record: Record, sealer: Sealer | None) -> str | None:
+    """The record's encoded result, its seal checked when the ledger signs records."""
+    if sealer is None:
+        return unsealed(record.result)
+    try:
+        return sealer.open(record)
+    except TamperedRecordError as exc:
+        emit(EventKind.TAMPERED, str(exc), tool_name=spec.name, key=record.key, owner=record.owner)
+        raise
+
+
+def _reconcile(spec: ToolSpec, reconciler: Reconciler, in_doubt: Run, attempt: int) -> Generator[Effect, Any, Any]:
+    """Ask the reconciler about the in-doubt run; record the result it found, or return RERUN."""
+    call = in_doubt.call
+    # The takeover made this worker the owner, with a new attempt number.
+    owned = dataclasses.replace(in_doubt, call=dataclasses.replace(call, attempt=attempt))
     try:
         answer = yield Reconcile(reconciler, call)
         if answer is RERUN:
@@ -422,9 +446,9 @@ def _reconcile(spec: ToolSpec, reconciler: Reconciler, call: CallInfo, owner: st
         if isinstance(exc, GeneratorExit):
             raise
         # Nothing was settled: leave the call in doubt for the next replay (or an operator).
-        yield from _finish(spec, call.key, owner, Status.IN_DOUBT, None, fail_closed=False)
+        yield from _finish(spec, owned, Status.IN_DOUBT, None, fail_closed=False)
         raise
-    yield from _finish(spec, call.key, owner, Status.COMPLETED, encoded, fail_closed=True, result=answer)
+    yield from _finish(spec, owned, Status.COMPLETED, encoded, fail_closed=True, result=answer)
     emit(
         EventKind.RECONCILED,
         f"{describe(spec.name, call.key)} was in doubt; the reconciler found its result, which is now recorded",
@@ -478,11 +502,11 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
             "doubt, so a replay applies the in-doubt policy. Return JSON-able data, or pass a serializer=."
         )
         emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=run.call.attempt)
-        yield from _finish(spec, key, run.owner, Status.IN_DOUBT, None, fail_closed=False)
+        yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
         if spec.on_ledger_error == "raise":
             raise LedgerError(message, tool_name=spec.name, key=key, result=result) from exc
         return
-    yield from _finish(spec, key, run.owner, Status.COMPLETED, encoded, fail_closed=True, result=result)
+    yield from _finish(spec, run, Status.COMPLETED, encoded, fail_closed=True, result=result)
     emit(
         EventKind.EXECUTED,
         f"{describe(spec.name, key)} ran and its result is recorded",
@@ -502,10 +526,10 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         emit(EventKind.TIMEOUT, str(exc), tool_name=spec.name, key=key, attempt=run.call.attempt)
         if exc.still_running:
             return  # the claim stays: the tool may still finish and record its result
-        yield from _finish(spec, key, run.owner, Status.IN_DOUBT, None, fail_closed=False)
+        yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
     elif not isinstance(exc, Exception):
         # Cancelled, interrupted, or a stream closed early: whether the side effect happened is unknown.
-        yield from _finish(spec, key, run.owner, Status.IN_DOUBT, None, fail_closed=False)
+        yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
     elif isinstance(exc, scope.pauses) or not isinstance(exc, spec.record_errors):
         # A pause (human in the loop) is not an outcome; other errors free the call for a retry.
         try:
@@ -519,13 +543,12 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
                 key=key,
             )
     else:
-        yield from _finish(spec, key, run.owner, Status.FAILED, encode_error(exc), fail_closed=False)
+        yield from _finish(spec, run, Status.FAILED, encode_error(exc), fail_closed=False)
 
 
 def _finish(
     spec: ToolSpec,
-    key: CallKey,
-    owner: str,
+    run: Run,
     status: Status,
     encoded: str | None,
     *,
@@ -533,6 +556,10 @@ def _finish(
     result: Any = None,
 ) -> Generator[Effect, Any, None]:
     """Write how the call ended; a write that fails is logged (or raised, fail-closed)."""
+    key, owner = run.call.key, run.owner
+    assert owner is not None
+    if run.sealer is not None and encoded is not None:
+        encoded = run.sealer.seal(key, spec.name, run.args_digest, status, encoded)
     try:
         recorded = yield Complete(key, owner, status, encoded, utcnow())
     except LedgerError as exc:
@@ -565,9 +592,10 @@ def replay(
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     timeout: float | None,
+    sealer: Sealer | None = None,
 ) -> Protocol:
     """The whole protocol of a plain (not streaming) call; returns the tool's result."""
-    decision = yield from begin(spec, scope, args_digest, args, kwargs, timeout)
+    decision = yield from begin(spec, scope, args_digest, args, kwargs, timeout, sealer)
     if isinstance(decision, Replay):
         return decision.value
     try:

@@ -79,7 +79,7 @@ class _Tool:
             self._missing_ids(scope.key if scope is not None else None)
             return None
         digest = self.digest(instance, args, kwargs)
-        return Plan(ledger, scope, digest, self._timeout(scope))
+        return Plan(ledger, scope, digest, self._timeout(scope), getattr(ledger, "sealer", None))
 
     def _timeout(self, scope: CallScope) -> float | None:
         """min(tool_timeout, time left in the node); the most specific setting wins."""
@@ -252,7 +252,7 @@ def replay_safe(
             plan = tool.plan(instance, args, kwargs)
             if plan is None:
                 return await wrapped(*args, **kwargs)
-            protocol = replay(spec, plan.scope, plan.digest, args, kwargs, plan.timeout)
+            protocol = replay(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer)
             return await adrive(protocol, plan.ledger, spec, plan.scope, wrapped)
 
         return protect_async(func)
@@ -262,7 +262,7 @@ def replay_safe(
         plan = tool.plan(instance, args, kwargs)
         if plan is None:
             return wrapped(*args, **kwargs)
-        protocol = replay(spec, plan.scope, plan.digest, args, kwargs, plan.timeout)
+        protocol = replay(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer)
         return drive(protocol, plan.ledger, spec, plan.scope, wrapped)
 
     return protect(func)

@@ -36,6 +36,7 @@ from ._core import (
 )
 from ._errors import LedgerError, ReplaySafeError, ToolTimeoutError, describe
 from ._events import logger
+from ._sealing import Sealer
 from .ledgers import Ledger
 
 
@@ -46,6 +47,7 @@ class Plan(NamedTuple):
     scope: CallScope
     digest: str
     timeout: float | None
+    sealer: Sealer | None = None
 
 
 # --- ledger operations, retried when the error is transient --------------------------
@@ -314,8 +316,8 @@ def stream(
 
     Its deadline is checked between chunks: a stream cannot be interrupted mid-chunk.
     """
-    ledger, scope, digest, timeout = plan
-    decision = drive(begin(spec, scope, digest, args, kwargs, timeout), ledger, spec, scope, wrapped)
+    ledger, scope, digest, timeout, sealer = plan
+    decision = drive(begin(spec, scope, digest, args, kwargs, timeout, sealer), ledger, spec, scope, wrapped)
     if isinstance(decision, Replay):
         yield from decision.value
         return
@@ -347,8 +349,8 @@ async def astream(
     spec: ToolSpec, plan: Plan, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> AsyncIterator[Any]:
     """``stream`` for async generator tools."""
-    ledger, scope, digest, timeout = plan
-    decision = await adrive(begin(spec, scope, digest, args, kwargs, timeout), ledger, spec, scope, wrapped)
+    ledger, scope, digest, timeout, sealer = plan
+    decision = await adrive(begin(spec, scope, digest, args, kwargs, timeout, sealer), ledger, spec, scope, wrapped)
     if isinstance(decision, Replay):
         for chunk in decision.value:
             yield chunk

@@ -77,6 +77,10 @@ class LedgerError(ReplaySafeError):
         self.result = result
 
 
+class TamperedRecordError(ReplaySafeError):
+    """A record's seal does not check: it was altered (or forged) in the store."""
+
+
 class MissingCallIdError(ReplaySafeError):
     """A protected tool was called without a thread, message or tool call id."""
 

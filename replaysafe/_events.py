@@ -32,6 +32,7 @@ class EventKind(str, enum.Enum):
     LEDGER_ERROR = "ledger_error"  # the ledger could not be read or written
     TIMEOUT = "timeout"  # the tool passed its deadline
     MISMATCH = "mismatch"  # the key is recorded for another tool or other arguments
+    TAMPERED = "tampered"  # a record's seal does not check
     UNPROTECTED = "unprotected"  # the tool ran without protection (no ids, no ledger)
 
     def __str__(self) -> str:
@@ -66,6 +67,7 @@ _LEVELS = {
     EventKind.TIMEOUT: logging.WARNING,
     EventKind.UNPROTECTED: logging.WARNING,
     EventKind.MISMATCH: logging.ERROR,
+    EventKind.TAMPERED: logging.ERROR,
     EventKind.LEDGER_ERROR: logging.ERROR,
     EventKind.DUPLICATE_DETECTED: logging.ERROR,
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
@@ -20,6 +20,10 @@ from .._constants import LEDGER_RETRY_ATTEMPTS, LEDGER_RETRY_MAX_SECONDS
 from .._events import EventKind, emit
 from .._identity import owner_token
 from .._records import CallKey, ClaimResult, Record, Status
+from .._sealing import Sealer
+
+#: One signing key, or a list whose first key signs and all of which are accepted.
+SigningKey = str | bytes | Sequence[str | bytes]
 
 _NO_RESULT: Any = object()
 
@@ -43,6 +47,8 @@ class Ledger(Protocol):
     #: Exceptions worth trying again (a dropped connection, a locked database).
     transient_errors: tuple[type[BaseException], ...]
     retry: RetryPolicy
+    #: Seals finished records and checks them on replay; ``None`` when not signing.
+    sealer: Sealer | None
 
     @property
     def aio(self) -> AsyncLedger:
@@ -173,8 +179,9 @@ class LedgerBase:
     #: Whether operations wait on I/O (then ``.aio`` runs them in a worker thread).
     blocking_io = True
 
-    def __init__(self, *, retry: RetryPolicy | None = None) -> None:
+    def __init__(self, *, retry: RetryPolicy | None = None, signing_key: SigningKey | None = None) -> None:
         self.retry = retry or RetryPolicy()
+        self.sealer = Sealer.from_setting(signing_key)
         self._aio: AsyncLedger | None = None
 
     @property
@@ -208,6 +215,8 @@ class LedgerBase:
         if record.status not in (Status.RUNNING, Status.IN_DOUBT):
             raise ValueError(f"the call {key} is already {record.status}; delete(key) it to allow a rerun")
         encoded = None if rerun else (serializer or JsonSerializer()).dumps(result)
+        if encoded is not None and self.sealer is not None:
+            encoded = self.sealer.seal(key, record.tool_name, record.args_digest, Status.COMPLETED, encoded)
         owner = f"resolve@{owner_token()}"
         now = utcnow()
         taken = self.takeover(record, owner=owner, now=now, lease_expires_at=now)

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 
 from .._records import CallKey, ClaimResult, Record, Status
-from ._protocol import LedgerBase, RetryPolicy
+from ._protocol import LedgerBase, RetryPolicy, SigningKey
 
 
 class MemoryLedger(LedgerBase):
@@ -20,8 +20,8 @@ class MemoryLedger(LedgerBase):
 
     blocking_io = False
 
-    def __init__(self, *, retry: RetryPolicy | None = None) -> None:
-        super().__init__(retry=retry)
+    def __init__(self, *, retry: RetryPolicy | None = None, signing_key: SigningKey | None = None) -> None:
+        super().__init__(retry=retry, signing_key=signing_key)
         self._lock = threading.Lock()
         self._records: dict[CallKey, Record] = {}
 

@@ -11,7 +11,7 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Engine
 
 from .._constants import TABLE_NAME
-from ._protocol import RetryPolicy
+from ._protocol import RetryPolicy, SigningKey
 from ._sql import SqlLedger
 
 
@@ -34,6 +34,7 @@ class SqliteLedger(SqlLedger):
         busy_timeout: float = 30.0,
         create_schema: bool = True,
         retry: RetryPolicy | None = None,
+        signing_key: SigningKey | None = None,
     ) -> None:
         text = os.fspath(path_or_url)
         if text.startswith("sqlite:"):
@@ -52,7 +53,16 @@ class SqliteLedger(SqlLedger):
         self.path = Path(database)
         self._synchronous = synchronous
         self._busy_timeout_ms = int(busy_timeout * 1000)
-        super().__init__(None, url=url, table=table, schema=None, ttl=ttl, create_schema=create_schema, retry=retry)
+        super().__init__(
+            None,
+            url=url,
+            table=table,
+            schema=None,
+            ttl=ttl,
+            create_schema=create_schema,
+            retry=retry,
+            signing_key=signing_key,
+        )
 
     def __repr__(self) -> str:
         return f"SqliteLedger({str(self.path)!r})"

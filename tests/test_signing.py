@@ -1,0 +1,212 @@
+"""Tamper-evident records: a forged or altered record is never returned as a result."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replaysafe import (
+    CallKey,
+    Event,
+    EventKind,
+    MemoryLedger,
+    SqliteLedger,
+    Status,
+    TamperedRecordError,
+    on_event,
+    open_ledger,
+    replay_safe,
+    tool_call,
+)
+from replaysafe.ledgers import Ledger
+
+KEY_A = "a-signing-key-of-32-bytes-000000"
+KEY_B = "b-signing-key-of-32-bytes-111111"
+Tamper = Callable[[Ledger, CallKey, dict[str, Any]], None]
+
+
+def tamper_sqlite(ledger: Ledger, key: CallKey, fields: dict[str, Any]) -> None:
+    """Write straight into the SQLite file, as anyone with access to it could."""
+    assert isinstance(ledger, SqliteLedger)
+    with sqlite3.connect(ledger.path) as db:
+        for column, value in fields.items():
+            db.execute(
+                f"UPDATE tool_executions SET {column} = ? WHERE thread_id = ? AND message_id = ? AND tool_call_id = ?",
+                (value, *key),
+            )
+
+
+def tamper_memory(ledger: Ledger, key: CallKey, fields: dict[str, Any]) -> None:
+    """Replace the record in the memory ledger's own store."""
+    assert isinstance(ledger, MemoryLedger)
+    changes = {("status" if k == "status" else k): (Status(v) if k == "status" else v) for k, v in fields.items()}
+    ledger._records[key] = dataclasses.replace(ledger._records[key], **changes)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def signed(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Ledger, Tamper, Callable[..., Ledger]]:
+    """A signing ledger, a way to alter its store directly, and a way to reopen it with other keys."""
+    if request.param == "memory":
+        memory = MemoryLedger(signing_key=KEY_A)
+
+        def reopen_memory(signing_key: Any) -> Ledger:
+            memory.sealer = MemoryLedger(signing_key=signing_key).sealer
+            return memory
+
+        return memory, tamper_memory, reopen_memory
+    path = tmp_path / "signed.db"
+    return (
+        SqliteLedger(path, signing_key=KEY_A),
+        tamper_sqlite,
+        lambda signing_key: SqliteLedger(path, signing_key=signing_key),
+    )
+
+
+def refund(ledger: Ledger, runs: list[str]) -> Any:
+    @replay_safe(ledger=ledger, record_errors=True)
+    def refund_order(order_id: str) -> str:
+        runs.append(order_id)
+        if order_id == "bad":
+            raise ValueError("declined")
+        return f"refunded {order_id}"
+
+    return refund_order
+
+
+def new_key() -> CallKey:
+    return CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+
+
+def test_sealed_records_replay(signed: Any) -> None:
+    """With a signing key, results are stored sealed and replay as usual."""
+    ledger, _, _ = signed
+    runs: list[str] = []
+    key = new_key()
+    for _ in range(2):
+        with tool_call(*key):
+            assert refund(ledger, runs)("1") == "refunded 1"
+    assert runs == ["1"]
+    record = ledger.get(key)
+    assert record is not None
+    assert record.result.startswith("rs-seal-1:")
+
+
+def test_an_altered_result_is_refused(signed: Any) -> None:
+    """A result changed in the store raises TamperedRecordError (and an event); nothing runs."""
+    ledger, tamper, _ = signed
+    runs: list[str] = []
+    key = new_key()
+    with tool_call(*key):
+        refund(ledger, runs)("1")
+    record = ledger.get(key)
+    assert record is not None
+    forged = record.result.replace("refunded 1", "refunded 9")
+    tamper(ledger, key, {"result": forged})
+    seen: list[Event] = []
+    stop = on_event(seen.append)
+    try:
+        with tool_call(*key), pytest.raises(TamperedRecordError) as raised:
+            refund(ledger, runs)("1")
+    finally:
+        stop()
+    assert key.thread_id in str(raised.value)
+    assert runs == ["1"]
+    assert [e.kind for e in seen] == [EventKind.TAMPERED]
+
+
+def test_a_forged_unsealed_result_is_refused(signed: Any) -> None:
+    """Plain JSON written by someone without the key is refused."""
+    ledger, tamper, _ = signed
+    runs: list[str] = []
+    key = new_key()
+    with tool_call(*key):
+        refund(ledger, runs)("1")
+    tamper(ledger, key, {"result": '"refund done (forged)"'})
+    with tool_call(*key), pytest.raises(TamperedRecordError, match="without a seal"):
+        refund(ledger, runs)("1")
+
+
+def test_a_status_flip_is_refused(signed: Any) -> None:
+    """Turning a recorded failure into a success breaks the seal (status is covered)."""
+    ledger, tamper, _ = signed
+    runs: list[str] = []
+    key = new_key()
+    with tool_call(*key), pytest.raises(ValueError, match="declined"):
+        refund(ledger, runs)("bad")
+    tamper(ledger, key, {"status": "completed"})
+    with tool_call(*key), pytest.raises(TamperedRecordError):
+        refund(ledger, runs)("bad")
+
+
+def test_a_seal_moved_to_another_call_is_refused(signed: Any) -> None:
+    """A valid sealed result copied onto another key does not check (the key is covered)."""
+    ledger, tamper, _ = signed
+    runs: list[str] = []
+    one, two = new_key(), new_key()
+    with tool_call(*one):
+        refund(ledger, runs)("1")
+    with tool_call(*two):
+        refund(ledger, runs)("1")
+    sealed = ledger.get(one).result  # type: ignore[union-attr]
+    tamper(ledger, two, {"result": sealed})
+    with tool_call(*two), pytest.raises(TamperedRecordError):
+        refund(ledger, runs)("1")
+
+
+def test_key_rotation(signed: Any) -> None:
+    """A new first key signs; the old one, still listed, is accepted; dropped, it is not."""
+    ledger, _, reopen = signed
+    runs: list[str] = []
+    key = new_key()
+    with tool_call(*key):
+        refund(ledger, runs)("1")
+    rotated = reopen([KEY_B, KEY_A])
+    with tool_call(*key):
+        assert refund(rotated, runs)("1") == "refunded 1"
+    only_new = reopen(KEY_B)
+    with tool_call(*key), pytest.raises(TamperedRecordError):
+        refund(only_new, runs)("1")
+    assert runs == ["1"]
+
+
+def test_resolve_seals_its_result(signed: Any) -> None:
+    """A result settled by hand is sealed like any other."""
+    ledger, _, _ = signed
+    key = new_key()
+    ledger.claim(
+        key, tool_name="refund_order", args_digest="x", owner="gone:1:1#1", now=_now(), lease_expires_at=_now()
+    )
+    ledger.complete(key, owner="gone:1:1#1", status=Status.IN_DOUBT, result=None, now=_now())
+    settled = ledger.resolve(key, result="confirmed by hand")
+    assert settled.result.startswith("rs-seal-1:")
+    assert ledger.sealer.open(settled) == '"confirmed by hand"'
+
+
+def _now() -> Any:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def test_signing_key_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """REPLAYSAFE_SIGNING_KEY (comma-separated, first signs) applies to ledgers opened without one."""
+    monkeypatch.setenv("REPLAYSAFE_SIGNING_KEY", f"{KEY_B},{KEY_A}")
+    ledger = open_ledger(f"sqlite:///{tmp_path}/env.db")
+    assert ledger.sealer is not None
+    runs: list[str] = []
+    key = new_key()
+    with tool_call(*key):
+        refund(ledger, runs)("1")
+    assert SqliteLedger(tmp_path / "env.db", signing_key=KEY_B).sealer.open(ledger.get(key)) is not None  # type: ignore[union-attr, arg-type]
+
+
+def test_short_keys_are_refused() -> None:
+    """A signing key under 16 bytes is a configuration error."""
+    with pytest.raises(ValueError, match="16 bytes"):
+        MemoryLedger(signing_key="short")
