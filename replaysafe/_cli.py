@@ -12,16 +12,26 @@ def build_parser() -> argparse.ArgumentParser:
         prog="replaysafe", description="Stop AI agents from repeating side effects after a crash."
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    commands.add_parser(
+    demo = commands.add_parser(
         "demo",
         help="show a crash-and-resume refunding once with @replay_safe and twice without",
         description="Run an agent-like loop that is SIGKILLed after refund_order returns, then resume it.",
+    )
+    demo.add_argument(
+        "--in-doubt",
+        action="store_true",
+        help="kill the agent while the refund is in flight instead, and resume it under each in-doubt policy "
+        "with a provider that dedupes by idempotency key",
     )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "demo" and args.in_doubt:
+        from ._demo_in_doubt import main as demo_in_doubt
+
+        return demo_in_doubt()
     if args.command == "demo":
         from ._demo import main as demo
 
