@@ -7,19 +7,24 @@ in ``LEDGER_BACKENDS``. Each backend also has a ``<backend>_url`` fixture: a URL
 
 from __future__ import annotations
 
+import os
 import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+import redis
 
 import replaysafe
 from replaysafe import _config, _decorator
 from replaysafe.ledgers import Ledger, MemoryLedger
 
+from . import servers
+
 #: Backends the shared suite runs on; each names a ``<backend>_url`` fixture.
-LEDGER_BACKENDS = ["memory", "sqlite"]
+LEDGER_BACKENDS = ["memory", "sqlite", "postgres", "redis"]
 #: Backends that survive the process, for crash and multi-process tests.
 DURABLE_BACKENDS = [b for b in LEDGER_BACKENDS if b != "memory"]
 
@@ -32,6 +37,94 @@ def memory_url() -> str:
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+def _unavailable(reason: str) -> None:
+    """Skip a test whose server is missing; under CI, fail it: CI must prove every backend."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so a missing server is a failure)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    """A PostgreSQL server: $REPLAYSAFE_TEST_POSTGRES_URL, the local one, or a throwaway one."""
+    url = os.environ.get(servers.POSTGRES_ENV)
+    if url:
+        yield url
+        return
+    if servers.postgres_answers(servers.LOCAL_POSTGRES):
+        yield servers.LOCAL_POSTGRES
+        return
+    try:
+        server = servers.PostgresServer()
+        server.start()
+    except (OSError, RuntimeError, servers.subprocess.SubprocessError) as exc:
+        _unavailable(
+            f"no PostgreSQL server: set {servers.POSTGRES_ENV}=postgresql://user@host/db, run one on 127.0.0.1:5432 "
+            f"(user root, database test), or install initdb/pg_ctl ({exc})"
+        )
+    try:
+        yield server.url
+    finally:
+        server.destroy()
+
+
+@pytest.fixture(scope="session")
+def redis_server_url() -> Iterator[str]:
+    """A Redis server: $REPLAYSAFE_TEST_REDIS_URL, the local one, or a throwaway one."""
+    url = os.environ.get(servers.REDIS_ENV)
+    if url:
+        yield url
+        return
+    if servers.redis_answers(servers.LOCAL_REDIS):
+        yield servers.LOCAL_REDIS
+        return
+    try:
+        server = servers.RedisServer()
+        server.start()
+    except (OSError, RuntimeError) as exc:
+        _unavailable(
+            f"no Redis server: set {servers.REDIS_ENV}=redis://host:6379/0, run one on 127.0.0.1:6379, "
+            f"or install redis-server ({exc})"
+        )
+    try:
+        yield server.url
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """The PostgreSQL server with a fresh schema of this test's own, dropped afterwards."""
+    schema = f"rs_{uuid.uuid4().hex[:12]}"
+    yield servers.with_query(postgres_server_url, schema=schema)
+    with psycopg.connect(servers.libpq_url(postgres_server_url), autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # our own generated identifier
+
+
+@pytest.fixture
+def redis_url(redis_server_url: str) -> Iterator[str]:
+    """The Redis server with a fresh key prefix of this test's own, its keys deleted afterwards."""
+    prefix = f"rs-test-{uuid.uuid4().hex[:12]}"
+    yield servers.with_query(redis_server_url, prefix=prefix)
+    client = redis.Redis.from_url(redis_server_url)
+    try:
+        for batch in _batched(client.scan_iter(match=f"{prefix}:*", count=1000)):
+            client.delete(*batch)
+    finally:
+        client.close()
+
+
+def _batched(names: Iterator[bytes], size: int = 500) -> Iterator[list[bytes]]:
+    batch: list[bytes] = []
+    for name in names:
+        batch.append(name)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 @pytest.fixture(params=LEDGER_BACKENDS)

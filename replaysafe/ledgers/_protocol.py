@@ -93,7 +93,13 @@ class Ledger(Protocol):
         ...
 
     def resolve(
-        self, key: CallKey, *, result: Any = ..., rerun: bool = False, serializer: Serializer | None = None
+        self,
+        key: CallKey,
+        *,
+        result: Any = ...,
+        rerun: bool = False,
+        serializer: Serializer | None = None,
+        force: bool = False,
     ) -> Record | None:
         """Settle an in-doubt call by hand: record ``result``, or ``rerun=True`` to let it run again."""
         ...
@@ -200,12 +206,15 @@ class LedgerBase:
         result: Any = _NO_RESULT,
         rerun: bool = False,
         serializer: Serializer | None = None,
+        force: bool = False,
     ) -> Record | None:
-        """Settle an in-doubt (or running) call by hand, after checking with the provider.
+        """Settle an in-doubt call by hand, after checking with the provider.
 
         ``result=...`` records it as the call's result (a replay returns it, the tool
         does not run); ``rerun=True`` removes the record, so the next replay runs the
-        tool. Returns the new record (``None`` after ``rerun``).
+        tool. Returns the new record (``None`` after ``rerun``). A call whose owner is
+        still alive is refused unless ``force=True`` (its owner would then find its
+        claim gone when it finishes, and report a duplicate execution).
         """
         if rerun == (result is not _NO_RESULT):
             raise TypeError("resolve() takes exactly one of result=... or rerun=True")
@@ -214,6 +223,13 @@ class LedgerBase:
             raise LookupError(f"no record for {key}: nothing to resolve")
         if record.status not in (Status.RUNNING, Status.IN_DOUBT):
             raise ValueError(f"the call {key} is already {record.status}; delete(key) it to allow a rerun")
+        from .._core import Verdict, judge  # the one place that tells a live owner from a dead one
+
+        if not force and record.status is Status.RUNNING and judge(record, utcnow()) is Verdict.WAIT:
+            raise ValueError(
+                f"the call {key} is still running in {record.owner}, which is alive: wait for it, or pass "
+                "force=True if you know it is stuck"
+            )
         encoded = None if rerun else (serializer or JsonSerializer()).dumps(result)
         if encoded is not None and self.sealer is not None:
             encoded = self.sealer.seal(key, record.tool_name, record.args_digest, Status.COMPLETED, encoded)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import threading
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -22,7 +23,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from .._clock import utcnow
 from .._identity import key_digest
 from .._records import CallKey, ClaimResult, Record, Status
-from ._protocol import LedgerBase, RetryPolicy
+from ._protocol import LedgerBase, RetryPolicy, SigningKey
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
@@ -142,8 +143,9 @@ class SqlLedger(LedgerBase):
         ttl: float | None,
         create_schema: bool,
         retry: RetryPolicy | None,
+        signing_key: SigningKey | None = None,
     ) -> None:
-        super().__init__(retry=retry)
+        super().__init__(retry=retry, signing_key=signing_key)
         if ttl is not None and ttl <= 0:
             raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
         self.ttl = dt.timedelta(seconds=ttl) if ttl else None
@@ -154,6 +156,7 @@ class SqlLedger(LedgerBase):
         self._engine = engine
         self._owns_engine = engine is None
         self._schema_ready = False
+        self._engine_lock = threading.Lock()
         _open_ledgers.add(self)
 
     # --- engine lifecycle ------------------------------------------------------
@@ -164,14 +167,20 @@ class SqlLedger(LedgerBase):
     @property
     def engine(self) -> Engine:
         """The SQLAlchemy engine, created (with the table) on first use."""
-        if self._engine is None:
-            self._engine = self._create_engine()
-            self._owns_engine = True
-        if not self._schema_ready:
-            if self.create_schema:
-                self._create_table(self._engine)
-            self._schema_ready = True
-        return self._engine
+        engine = self._engine
+        if engine is not None and self._schema_ready:
+            return engine
+        # Threads that start together must not each build an engine (all but one
+        # would leak) or each run the DDL.
+        with self._engine_lock:
+            if self._engine is None:
+                self._engine = self._create_engine()
+                self._owns_engine = True
+            if not self._schema_ready:
+                if self.create_schema:
+                    self._create_table(self._engine)
+                self._schema_ready = True
+            return self._engine
 
     def _create_table(self, engine: Engine) -> None:
         with engine.begin() as conn:
@@ -186,6 +195,7 @@ class SqlLedger(LedgerBase):
         return [str(s.compile(dialect=dialect)).strip() for s in statements]
 
     def _forget_parent_connections(self) -> None:
+        self._engine_lock = threading.Lock()  # a fork may copy it held by another thread
         if self._engine is not None and self._owns_engine:
             self._engine.dispose(close=False)
 
@@ -326,6 +336,27 @@ class SqlLedger(LedgerBase):
     def purge_thread(self, thread_id: str) -> int:
         with self.engine.connect() as conn:
             return int(conn.execute(sa.delete(self.table).where(self.table.c.thread_id == thread_id)).rowcount)
+
+    def purge_expired(self, *, batch_size: int = 1000) -> int:
+        """Delete the records whose ttl ran out, ``batch_size`` per statement; returns how many.
+
+        Expired records already count as absent; this only reclaims their space.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+        now = utcnow()
+        expired = self.table.c.expires_at <= now
+        batch = sa.select(self.table.c.call_key).where(expired).limit(batch_size).scalar_subquery()
+        # ``expired`` again on the DELETE itself: a claim may have replaced the
+        # row since the subquery read it, and the new record must stay.
+        statement = sa.delete(self.table).where(self.table.c.call_key.in_(batch), expired)
+        total = 0
+        while True:
+            with self.engine.connect() as conn:
+                deleted = int(conn.execute(statement).rowcount)
+            total += deleted
+            if deleted < batch_size:
+                return total
 
     def records(self, *, thread_id: str | None = None) -> Iterator[Record]:
         statement = sa.select(self.table).where(self._live(utcnow()))

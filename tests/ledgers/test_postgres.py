@@ -1,0 +1,353 @@
+"""What only the PostgreSQL ledger (and, for expiry, the other SQL one) has to prove."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from freezegun import freeze_time
+
+import replaysafe
+from replaysafe import CallKey, LedgerError, PostgresLedger, Status, replay_safe, tool_call
+from replaysafe.ledgers.postgres import _psycopg_url
+
+from ..servers import libpq_url
+
+NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
+LEASE = NOW + dt.timedelta(minutes=5)
+HOSTILE = [
+    "plain",
+    "a:b",
+    ":",
+    "{tag}",
+    "}{",
+    "*",
+    "?",
+    "[a-z]",
+    "\\",
+    "with space",
+    "%3A",
+    "ünï ✓ 中文 🎉",
+    "x" * 1024,
+    "'; DROP TABLE tool_executions; --",
+    "1' OR '1'='1",
+]
+
+
+def _split(url: str) -> tuple[str, str]:
+    """The server URL and the schema of a ``postgres_url``."""
+    parts = urllib.parse.urlsplit(url)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    schema = query.pop("schema")
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query))), schema
+
+
+@pytest.fixture
+def pg(postgres_url: str) -> Iterator[PostgresLedger]:
+    with replaysafe.open_ledger(postgres_url) as ledger:
+        assert isinstance(ledger, PostgresLedger)
+        yield ledger
+
+
+def claim(ledger: replaysafe.Ledger, key: CallKey, owner: str = "o#1", now: dt.datetime = NOW) -> bool:
+    return ledger.claim(
+        key, tool_name="t", args_digest="d", owner=owner, now=now, lease_expires_at=now + dt.timedelta(minutes=5)
+    ).claimed
+
+
+def test_hostile_ids_stay_in_their_own_record_and_thread(pg: PostgresLedger) -> None:
+    """Ids with separators, glob and SQL text, unicode and 1 KB never collide or reach another thread."""
+    keys = [CallKey(t, m, c) for t in HOSTILE for m, c in ((t, t), ("m", t), (t + ":", "c"))]
+    keys.append(CallKey("a", "b:c", "d"))  # would collide with ("a:b", "c", "d") under naive joining
+    keys.append(CallKey("a:b", "c", "d"))
+    for n, key in enumerate(keys):
+        assert claim(pg, key, owner=f"o#{n}")
+        assert pg.complete(key, owner=f"o#{n}", status=Status.COMPLETED, result=str(n), now=NOW)
+    for n, key in enumerate(keys):
+        stored = pg.get(key)
+        assert stored is not None and stored.key == key and stored.result == str(n)
+    assert pg.get_many(keys) == {key: pg.get(key) for key in keys}
+    for thread in HOSTILE:
+        mine = [k for k in keys if k.thread_id == thread]
+        assert sorted(r.key for r in pg.records(thread_id=thread)) == sorted(mine)
+        assert pg.purge_thread(thread) == len(mine)
+        assert all(pg.get(k) is None for k in mine)
+    assert {r.key for r in pg.records()} == {k for k in keys if k.thread_id not in HOSTILE}
+
+
+def test_a_nul_in_an_id_is_refused_and_nothing_is_stored(pg: PostgresLedger) -> None:
+    """PostgreSQL text cannot hold NUL: the claim fails with a clear error and stores nothing."""
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        claim(pg, CallKey("t", "m\x00", "c"))
+    assert list(pg.records()) == []
+
+
+def test_url_forms_and_bad_names(postgres_server_url: str) -> None:
+    """postgresql:// and postgres:// mean psycopg 3; other drivers and non-identifiers are refused."""
+    assert _psycopg_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+    assert _psycopg_url("postgres://u@h/db").drivername == "postgresql+psycopg"
+    assert _psycopg_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"
+    with pytest.raises(ValueError, match="psycopg 3"):
+        PostgresLedger("postgresql+psycopg2://u@h/db")
+    with pytest.raises(ValueError, match="not a valid SQL identifier"):
+        PostgresLedger(postgres_server_url, table="x; DROP TABLE y")
+    with pytest.raises(ValueError, match="not a valid SQL identifier"):
+        PostgresLedger(postgres_server_url, schema='a"b')
+    with pytest.raises(TypeError, match="URL or a SQLAlchemy Engine"):
+        PostgresLedger(42)  # type: ignore[arg-type]
+    assert "secret" not in repr(PostgresLedger("postgresql://u:secret@h/db"))
+
+
+# --- expiry: our clock, so freezegun -----------------------------------------------------
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def sql_url(request: pytest.FixtureRequest) -> str:
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+def test_ttl_expiry_with_a_frozen_clock(sql_url: str) -> None:
+    """A finished record counts until its ttl, then is absent, and a new claim replaces it."""
+    key = CallKey("t", "m", "c")
+    with replaysafe.open_ledger(sql_url, ttl=60) as ledger, freeze_time(NOW) as clock:
+        assert claim(ledger, key)
+        assert ledger.complete(key, owner="o#1", status=Status.COMPLETED, result="1", now=NOW)
+        stored = ledger.get(key)
+        assert stored is not None and stored.expires_at == NOW + dt.timedelta(seconds=60)
+        clock.tick(59)
+        assert ledger.get(key) is not None
+        assert not claim(ledger, key, owner="o#2", now=NOW + dt.timedelta(seconds=59))
+        clock.tick(2)
+        later = NOW + dt.timedelta(seconds=61)
+        assert ledger.get(key) is None
+        assert ledger.get_many([key]) == {}
+        assert list(ledger.records()) == []
+        assert claim(ledger, key, owner="o#3", now=later)
+        replaced = ledger.get(key)
+        assert replaced is not None and (replaced.owner, replaced.attempt, replaced.expires_at) == ("o#3", 1, None)
+
+
+def test_in_doubt_and_running_records_never_expire(sql_url: str) -> None:
+    """Only completed and failed records get a ttl."""
+    with replaysafe.open_ledger(sql_url, ttl=1) as ledger, freeze_time(NOW) as clock:
+        doubt, running = CallKey("t", "m", "doubt"), CallKey("t", "m", "running")
+        assert claim(ledger, doubt) and claim(ledger, running)
+        assert ledger.complete(doubt, owner="o#1", status=Status.IN_DOUBT, result=None, now=NOW)
+        clock.tick(3600)
+        assert ledger.purge_expired() == 0  # type: ignore[attr-defined]
+        assert {r.key for r in ledger.records()} == {doubt, running}
+
+
+def test_purge_expired_deletes_in_bounded_batches(sql_url: str) -> None:
+    """purge_expired() removes every expired record, batch by batch, and keeps the rest."""
+    with replaysafe.open_ledger(sql_url, ttl=10) as ledger, freeze_time(NOW) as clock:
+        for n in range(25):
+            key = CallKey("old", "m", str(n))
+            assert claim(ledger, key)
+            assert ledger.complete(key, owner="o#1", status=Status.COMPLETED, result="1", now=NOW)
+        clock.tick(11)
+        fresh = CallKey("new", "m", "c")
+        now = NOW + dt.timedelta(seconds=11)
+        assert claim(ledger, fresh, now=now)
+        assert ledger.complete(fresh, owner="o#1", status=Status.FAILED, result="{}", now=now)
+        assert ledger.purge_expired(batch_size=10) == 25  # type: ignore[attr-defined]
+        assert ledger.purge_expired() == 0  # type: ignore[attr-defined]
+        assert [r.key for r in ledger.records()] == [fresh]
+        with pytest.raises(ValueError, match="batch_size"):
+            ledger.purge_expired(batch_size=0)  # type: ignore[attr-defined]
+
+
+# --- schema ------------------------------------------------------------------------------
+
+RACER = """
+import sys, datetime as dt
+from replaysafe import CallKey, open_ledger
+now = dt.datetime.now(dt.timezone.utc)
+with open_ledger(sys.argv[1]) as ledger:
+    ledger.claim(CallKey("t", "m", sys.argv[2]), tool_name="t", args_digest="d", owner="o", now=now,
+                 lease_expires_at=now)
+"""
+
+
+def test_schema_creation_raced_by_processes(postgres_url: str) -> None:
+    """Six fresh processes create the same schema and table at once: all succeed."""
+    racers = [
+        subprocess.Popen([sys.executable, "-c", RACER, postgres_url, str(n)], stderr=subprocess.PIPE, text=True)
+        for n in range(6)
+    ]
+    for racer in racers:
+        _, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+    with replaysafe.open_ledger(postgres_url) as ledger:
+        assert len(list(ledger.records())) == 6
+
+
+def test_schema_creation_raced_by_threads(postgres_url: str) -> None:
+    """Eight ledgers in eight threads create the same schema at once: all succeed."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def racer(n: int) -> None:
+        try:
+            with replaysafe.open_ledger(postgres_url) as ledger:
+                barrier.wait()
+                claim(ledger, CallKey("t", "m", str(n)))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=racer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_ddl_applied_by_hand_with_create_schema_off(postgres_url: str) -> None:
+    """An operator applies ddl() through their migrations; the ledger then creates nothing itself."""
+    server, schema = _split(postgres_url)
+    ledger = PostgresLedger(server, schema=schema, create_schema=False)
+    statements = ledger.ddl()
+    assert statements[0] == f"CREATE SCHEMA IF NOT EXISTS {schema}"
+    assert any("PRIMARY KEY (call_key)" in s for s in statements)
+    with psycopg.connect(libpq_url(server), autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)  # type: ignore[call-overload]
+    with ledger:
+        assert claim(ledger, CallKey("t", "m", "c"))
+
+
+def test_a_missing_table_without_create_schema_fails_closed(postgres_url: str) -> None:
+    """create_schema=False and no table: the protected call fails with a LedgerError that says what to check."""
+    server, schema = _split(postgres_url)
+    with PostgresLedger(server, schema=schema, create_schema=False) as ledger:
+
+        @replay_safe(ledger=ledger, on_ledger_error="raise")
+        def tool() -> int:
+            return 1
+
+        with tool_call("t", "m", "c"), pytest.raises(LedgerError, match="table exists"):
+            tool()
+
+
+# --- shared engines ---------------------------------------------------------------------
+
+
+def test_a_shared_engine_is_used_and_left_open(postgres_url: str) -> None:
+    """Given the app's Engine, the ledger shares its pool, restores its settings, and never disposes it."""
+    server, schema = _split(postgres_url)
+    engine = sa.create_engine(_psycopg_url(server), pool_size=2)  # not autocommit
+    try:
+        with PostgresLedger(engine, schema=schema) as ledger:
+            key = CallKey("t", "m", "c")
+            assert claim(ledger, key)
+            assert ledger.complete(key, owner="o#1", status=Status.COMPLETED, result="1", now=NOW)
+            assert ledger.engine is engine
+        assert engine.pool.checkedin() >= 1  # not disposed
+        with engine.connect() as conn:
+            assert conn.connection.driver_connection.autocommit is False  # type: ignore[union-attr]
+            count = conn.execute(sa.text(f"SELECT count(*) FROM {schema}.tool_executions")).scalar()
+        assert count == 1
+    finally:
+        engine.dispose()
+
+
+def test_an_engine_with_another_driver_is_refused(postgres_server_url: str) -> None:
+    """The ledger's statements need psycopg 3; an engine of another driver is refused up front."""
+    engine = sa.create_engine("sqlite://")
+    with pytest.raises(ValueError, match="psycopg 3"):
+        PostgresLedger(engine)
+    engine.dispose()
+
+
+async def test_a_shared_async_engine_is_used_and_left_open(postgres_url: str) -> None:
+    """Given the app's AsyncEngine, .aio borrows its pool, and close() does not dispose it."""
+    pytest.importorskip("greenlet", reason="SQLAlchemy's AsyncEngine needs greenlet: pip install 'sqlalchemy[asyncio]'")
+    import sqlalchemy.ext.asyncio as asyncio_ext
+
+    server, schema = _split(postgres_url)
+    engine = asyncio_ext.create_async_engine(_psycopg_url(server))
+    try:
+        async with PostgresLedger(engine, schema=schema) as ledger:
+            key = CallKey("t", "m", "c")
+            assert (await ledger.aio.claim(key, tool_name="t", args_digest="d", owner="o", now=NOW,
+                                           lease_expires_at=LEASE)).claimed  # fmt: skip
+            assert await ledger.aio.complete(key, owner="o", status=Status.COMPLETED, result="1", now=NOW)
+            stored = await ledger.aio.get(key)
+            assert stored is not None and stored.result == "1"
+        async with engine.connect() as conn:
+            assert (await conn.execute(sa.text("SELECT 1"))).scalar() == 1
+    finally:
+        await engine.dispose()
+
+
+# --- async --------------------------------------------------------------------------------
+
+
+async def test_async_takeover_release_and_fencing(pg: PostgresLedger) -> None:
+    """.aio's takeover is a compare-and-set, and release and complete are fenced by owner."""
+    key = CallKey("t", "m", "c")
+    first = await pg.aio.claim(key, tool_name="t", args_digest="d", owner="a", now=NOW, lease_expires_at=NOW)
+    assert first.claimed
+    taken = await pg.aio.takeover(first.record, owner="b", now=NOW, lease_expires_at=LEASE)
+    assert taken is not None and (taken.owner, taken.attempt) == ("b", 2)
+    assert await pg.aio.takeover(first.record, owner="c", now=NOW, lease_expires_at=LEASE) is None
+    assert not await pg.aio.complete(key, owner="a", status=Status.COMPLETED, result="1", now=NOW)
+    assert not await pg.aio.release(key, owner="a")
+    assert await pg.aio.get(key) == taken
+    assert await pg.aio.release(key, owner="b")
+    assert await pg.aio.get(key) is None
+    assert await pg.aio.get_many([key]) == {}
+
+
+async def test_async_tool_replays_across_ledgers(postgres_url: str) -> None:
+    """An async tool recorded through one ledger object is replayed through another, never rerun."""
+    runs: list[str] = []
+
+    async def refund(order_id: str) -> dict[str, str]:
+        runs.append(order_id)
+        return {"refund": order_id}
+
+    for _ in range(2):
+        async with replaysafe.open_ledger(postgres_url) as ledger:
+            tool = replay_safe(ledger=ledger)(refund)
+            async with tool_call("thread-1", "msg-1", "call-1"):
+                assert await tool("1042") == {"refund": "1042"}
+    assert runs == ["1042"]
+
+
+def test_two_event_loops_in_turn(pg: PostgresLedger) -> None:
+    """.aio works from one asyncio.run() after another (a pool per loop, closed with it)."""
+    import asyncio
+
+    async def claim_one(n: int) -> bool:
+        key = CallKey("t", "m", str(n))
+        found = await pg.aio.claim(key, tool_name="t", args_digest="d", owner="o", now=NOW, lease_expires_at=LEASE)
+        return found.claimed
+
+    assert asyncio.run(claim_one(1))
+    assert asyncio.run(claim_one(2))
+    assert {r.key.tool_call_id for r in pg.records()} == {"1", "2"}
+
+
+def test_schema_names_are_isolated(postgres_server_url: str) -> None:
+    """Two schemas on one server are two ledgers."""
+    schemas = [f"rs_{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    try:
+        ledgers = [PostgresLedger(postgres_server_url, schema=s) for s in schemas]
+        assert claim(ledgers[0], CallKey("t", "m", "c"))
+        assert claim(ledgers[1], CallKey("t", "m", "c"))
+        for ledger in ledgers:
+            ledger.close()
+    finally:
+        with psycopg.connect(libpq_url(postgres_server_url), autocommit=True) as conn:
+            for schema in schemas:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[call-overload]

@@ -1,0 +1,265 @@
+"""What only the Redis ledger has to prove: key layout, isolation, native expiry, shared clients."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+import urllib.parse
+from collections.abc import Iterator
+
+import pytest
+import redis
+import redis.asyncio
+
+import replaysafe
+from replaysafe import CallKey, RedisLedger, Status, replay_safe, tool_call
+
+NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
+LEASE = NOW + dt.timedelta(minutes=5)
+HOSTILE = [
+    "plain",
+    "a:b",
+    ":",
+    "{tag}",
+    "}{",
+    "{",
+    "*",
+    "?",
+    "[a-z]",
+    "\\",
+    "with space",
+    "%3A",
+    "nul\x00byte",
+    "ünï ✓ 中文 🎉",
+    "x" * 1024,
+    "'; DROP TABLE tool_executions; --",
+]
+
+
+def _server_and_prefix(url: str) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(url)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    prefix = query.pop("prefix")
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query))), prefix
+
+
+@pytest.fixture
+def rl(redis_url: str) -> Iterator[RedisLedger]:
+    with replaysafe.open_ledger(redis_url) as ledger:
+        assert isinstance(ledger, RedisLedger)
+        yield ledger
+
+
+def claim(ledger: replaysafe.Ledger, key: CallKey, owner: str = "o#1") -> bool:
+    return ledger.claim(key, tool_name="t", args_digest="d", owner=owner, now=NOW, lease_expires_at=LEASE).claimed
+
+
+def _hash_tag(name: str) -> str:
+    """The part of a key Redis Cluster hashes: between the first '{' and the next '}'."""
+    start = name.index("{")
+    return name[start + 1 : name.index("}", start + 1)]
+
+
+def test_hostile_ids_stay_in_their_own_record_and_thread(rl: RedisLedger) -> None:
+    """Ids with separators, braces, glob characters, NUL, unicode and 1 KB never collide or reach another thread."""
+    keys = [CallKey(t, m, c) for t in HOSTILE for m, c in ((t, t), ("m", t), (t + ":", "c"))]
+    keys += [CallKey("a", "b:c", "d"), CallKey("a:b", "c", "d")]  # collide under naive joining
+    for n, key in enumerate(keys):
+        assert claim(rl, key, owner=f"o#{n}")
+        assert rl.complete(key, owner=f"o#{n}", status=Status.COMPLETED, result=str(n), now=NOW)
+    for n, key in enumerate(keys):
+        stored = rl.get(key)
+        assert stored is not None and stored.key == key and stored.result == str(n)
+    assert rl.get_many(keys) == {key: rl.get(key) for key in keys}
+    assert {r.key for r in rl.records()} == set(keys)
+    for thread in HOSTILE:
+        mine = [k for k in keys if k.thread_id == thread]
+        assert sorted(r.key for r in rl.records(thread_id=thread)) == sorted(mine)
+        assert rl.purge_thread(thread) == len(mine)
+        assert all(rl.get(k) is None for k in mine)
+    assert {r.key for r in rl.records()} == {k for k in keys if k.thread_id not in HOSTILE}
+
+
+def test_one_thread_one_hash_tag_no_raw_separators(rl: RedisLedger) -> None:
+    """A thread's record and index keys share one hash tag (one cluster slot); ids appear only encoded."""
+    thread = "t:{x}*?[ ]"
+    for n in range(3):
+        assert claim(rl, CallKey(thread, f"m:{n}", "c{}"))
+    names = [n.decode() for n in rl.client.scan_iter(match=f"{rl.prefix}:*")]
+    assert len(names) == 4  # three records and the thread's index
+    assert {_hash_tag(name) for name in names} == {"t%3A%7Bx%7D%2A%3F%5B%20%5D"}
+    assert all(name.count("{") == 1 and name.count("}") == 1 for name in names)
+
+
+def test_real_short_ttl_expires_records_natively(redis_url: str) -> None:
+    """With ttl, Redis itself expires a completed record (and the thread's index); a new claim then wins."""
+    server, prefix = _server_and_prefix(redis_url)
+    with RedisLedger(server, prefix=prefix, ttl=0.3) as ledger:
+        done, doubt = CallKey("t", "m", "done"), CallKey("t", "m", "doubt")
+        assert claim(ledger, done) and claim(ledger, doubt)
+        assert ledger.complete(done, owner="o#1", status=Status.COMPLETED, result="1", now=NOW)
+        assert ledger.complete(doubt, owner="o#1", status=Status.IN_DOUBT, result=None, now=NOW)
+        record_key, index_key = ledger._keys(done)
+        assert 0 < ledger.client.pttl(record_key) <= 300
+        assert ledger.client.pttl(ledger._keys(doubt)[0]) == -1  # in doubt: kept until settled
+        stored = ledger.get(done)
+        assert stored is not None and stored.expires_at == NOW + dt.timedelta(seconds=0.3)
+        deadline = time.monotonic() + 10
+        while ledger.get(done) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ledger.get(done) is None
+        assert claim(ledger, done, owner="o#2")
+        assert ledger.delete(doubt) and ledger.release(done, owner="o#2")
+        assert not ledger.client.exists(index_key)
+        assert ledger.complete(done, owner="o#2", status=Status.COMPLETED, result="1", now=NOW) is False
+
+
+def test_the_index_expires_with_its_last_record(redis_url: str) -> None:
+    """When every record of a thread has a ttl, the thread's index expires too: nothing is left behind."""
+    server, prefix = _server_and_prefix(redis_url)
+    with RedisLedger(server, prefix=prefix, ttl=0.2) as ledger:
+        key = CallKey("t", "m", "c")
+        assert claim(ledger, key)
+        index_key = ledger._keys(key)[1]
+        assert ledger.client.pttl(index_key) == -1  # a running record: the index must stay
+        assert ledger.complete(key, owner="o#1", status=Status.COMPLETED, result="1", now=NOW)
+        assert 0 < ledger.client.pttl(index_key) <= 200
+        deadline = time.monotonic() + 10
+        while list(ledger.client.scan_iter(match=f"{prefix}:*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(ledger.client.scan_iter(match=f"{prefix}:*")) == []
+
+
+def test_scripts_are_called_by_sha(redis_url: str) -> None:
+    """The protocol's writes are EVALSHA calls of scripts loaded once; no script text is sent per call."""
+    server, prefix = _server_and_prefix(redis_url)
+    sent: list[bytes] = []
+
+    class Recording(redis.Connection):
+        def send_packed_command(self, command: object, check_health: bool = True) -> None:
+            chunks = command if isinstance(command, list) else [command]
+            sent.extend(bytes(c) for c in chunks)  # type: ignore[call-overload]
+            super().send_packed_command(command, check_health)
+
+    parts = urllib.parse.urlsplit(server)
+    pool = redis.ConnectionPool(connection_class=Recording, host=parts.hostname, port=parts.port or 6379)
+    client = redis.Redis(connection_pool=pool)
+    with RedisLedger(client, prefix=prefix) as ledger:
+        key = CallKey("t", "m", "c")
+        assert claim(ledger, key)
+        sent.clear()
+        assert ledger.complete(key, owner="o#1", status=Status.COMPLETED, result="secret-result", now=NOW)
+        assert not claim(ledger, key, owner="o#2")
+    wire = b"".join(sent)
+    assert wire.count(b"EVALSHA") == 2
+    assert b"redis.call" not in wire
+    client.close()
+
+
+def test_prefix_and_arguments_are_checked(redis_server_url: str) -> None:
+    """A prefix with braces or glob characters, a bad ttl or client type is refused with a clear message."""
+    for prefix in ("a{b}", "a*", "a?", "a b", "", "x[y]"):
+        with pytest.raises(ValueError, match="prefix"):
+            RedisLedger(redis_server_url, prefix=prefix)
+    with pytest.raises(ValueError, match="ttl"):
+        RedisLedger(redis_server_url, ttl=0)
+    with pytest.raises(TypeError, match="redis:// URL"):
+        RedisLedger(42)  # type: ignore[arg-type]
+    assert "secret" not in repr(RedisLedger("redis://:secret@127.0.0.1:6379/0"))
+
+
+# --- shared clients -----------------------------------------------------------------------
+
+
+def test_a_shared_sync_client_is_used_and_left_open(redis_url: str) -> None:
+    """Given the app's redis.Redis, the ledger uses it, .aio connects alike, and close() leaves it open."""
+    server, prefix = _server_and_prefix(redis_url)
+    client = redis.Redis.from_url(server)
+    ledger = RedisLedger(client, prefix=prefix)
+    key = CallKey("t", "m", "c")
+    assert claim(ledger, key)
+
+    async def finish() -> bool:
+        done = await ledger.aio.complete(key, owner="o#1", status=Status.COMPLETED, result="1", now=NOW)
+        await ledger.aclose()
+        return done
+
+    assert asyncio.run(finish())
+    ledger.close()
+    assert client.ping()
+    assert client.hget(ledger._keys(key)[0], "status") == b"completed"
+    client.close()
+
+
+async def test_a_shared_async_client_is_used_and_left_open(redis_url: str) -> None:
+    """Given the app's redis.asyncio.Redis, .aio uses it, the sync side connects alike, close() leaves it open."""
+    server, prefix = _server_and_prefix(redis_url)
+    client = redis.asyncio.Redis.from_url(server)
+    async with RedisLedger(client, prefix=prefix) as ledger:
+        key = CallKey("t", "m", "c")
+        found = await ledger.aio.claim(key, tool_name="t", args_digest="d", owner="a", now=NOW, lease_expires_at=LEASE)
+        assert found.claimed
+        assert ledger.get(key) == found.record  # the sync side, on its own connection
+    assert await client.ping()
+    await client.aclose()
+
+
+# --- async -------------------------------------------------------------------------------
+
+
+async def test_async_takeover_release_and_fencing(rl: RedisLedger) -> None:
+    """.aio's takeover is a compare-and-set, and release and complete are fenced by owner."""
+    key = CallKey("t", "m", "c")
+    first = await rl.aio.claim(key, tool_name="t", args_digest="d", owner="a", now=NOW, lease_expires_at=NOW)
+    assert first.claimed
+    taken = await rl.aio.takeover(first.record, owner="b", now=NOW, lease_expires_at=LEASE)
+    assert taken is not None and (taken.owner, taken.attempt) == ("b", 2)
+    assert await rl.aio.takeover(first.record, owner="c", now=NOW, lease_expires_at=LEASE) is None
+    assert not await rl.aio.complete(key, owner="a", status=Status.COMPLETED, result="1", now=NOW)
+    assert not await rl.aio.release(key, owner="a")
+    assert await rl.aio.get(key) == taken
+    assert await rl.aio.complete(key, owner="b", status=Status.FAILED, result="{}", now=NOW)
+    assert await rl.aio.complete(key, owner="b", status=Status.FAILED, result="{}", now=NOW)  # a retried write
+    assert not await rl.aio.release(key, owner="b")  # only a running record is released
+    assert set(await rl.aio.get_many([key, CallKey("t", "m", "other")])) == {key}
+    await rl.aclose()
+
+
+async def test_async_tool_replays_across_ledgers(redis_url: str) -> None:
+    """An async tool recorded through one ledger object is replayed through another, never rerun."""
+    runs: list[str] = []
+
+    async def refund(order_id: str) -> dict[str, str]:
+        runs.append(order_id)
+        return {"refund": order_id}
+
+    for _ in range(2):
+        async with replaysafe.open_ledger(redis_url) as ledger:
+            tool = replay_safe(ledger=ledger)(refund)
+            async with tool_call("thread-1", "msg-1", "call-1"):
+                assert await tool("1042") == {"refund": "1042"}
+    assert runs == ["1042"]
+
+
+def test_two_event_loops_in_turn(rl: RedisLedger) -> None:
+    """.aio works from one asyncio.run() after another: a client per loop, closed before its loop."""
+
+    async def claim_one(n: int) -> bool:
+        key = CallKey("t", "m", str(n))
+        found = await rl.aio.claim(key, tool_name="t", args_digest="d", owner="o", now=NOW, lease_expires_at=LEASE)
+        return found.claimed
+
+    assert asyncio.run(claim_one(1))
+    assert asyncio.run(claim_one(2))
+    assert {r.key.tool_call_id for r in rl.records()} == {"1", "2"}
+
+
+def test_prefixes_are_isolated(redis_url: str) -> None:
+    """Two prefixes on one server are two ledgers, and records() of one never lists the other's keys."""
+    server, prefix = _server_and_prefix(redis_url)
+    with RedisLedger(server, prefix=prefix) as one, RedisLedger(server, prefix=f"{prefix}:inner") as two:
+        assert claim(one, CallKey("t", "m", "c"))
+        assert claim(two, CallKey("t", "m", "c"))
+        assert len(list(one.records())) == 1
+        assert len(list(two.records())) == 1
