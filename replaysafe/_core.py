@@ -374,6 +374,7 @@ def begin(
                     f"attempt {record.attempt}, so its side effect may or may not have happened. Nothing ran. Check "
                     "with the provider, then settle it: ledger.resolve(key, result=...) or "
                     "ledger.resolve(key, rerun=True).",
+                    idempotency_key=call_idempotency_key(*key, spec.name),
                     tool_name=spec.name,
                     key=key,
                 )

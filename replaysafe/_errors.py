@@ -31,7 +31,16 @@ class CallInProgressError(ReplaySafeError):
 
 
 class CallInDoubtError(ReplaySafeError):
-    """The call's owner died (or gave up) while the tool ran: its side effect may have happened."""
+    """The call's owner died (or gave up) while the tool ran: its side effect may have happened.
+
+    ``idempotency_key`` is the key the call handed its provider, to look the effect up.
+    """
+
+    def __init__(
+        self, message: str, *, idempotency_key: str, tool_name: str | None = None, key: CallKey | None = None
+    ) -> None:
+        super().__init__(message, tool_name=tool_name, key=key)
+        self.idempotency_key = idempotency_key
 
 
 class ToolTimeoutError(ReplaySafeError, TimeoutError):

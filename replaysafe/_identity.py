@@ -158,6 +158,19 @@ class _ProcessOwner:
 
 
 _owner = _ProcessOwner()
+# Without /proc (macOS, BSD) a start time cannot be read: only a missing pid proves death.
+_HAS_PROC = _read_stat(os.getpid()) is not None
+
+
+def _pid_exists(pid: int) -> bool | None:
+    """``False`` when no process has this pid; ``None`` when one does (it may be a reused pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return None
+    return None
 
 
 def owner_token() -> str:
@@ -176,6 +189,8 @@ def owner_alive(owner: str) -> bool | None:
     pid_text, _, start = rest.partition("#")[0].partition(":")
     if machine != _owner.machine or not pid_text.isdigit():
         return None
+    if not _HAS_PROC:
+        return _pid_exists(int(pid_text))
     fields = _read_stat(int(pid_text))
     if fields is None:
         return False
