@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from . import _ledger_cli as ledger_commands
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -23,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="kill the agent while the refund is in flight instead, and resume it under each in-doubt policy "
         "with a provider that dedupes by idempotency key",
     )
+    ledger_commands.add_commands(commands)
     return parser
 
 
@@ -36,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._demo import main as demo
 
         return demo()
+    if args.command == "ledger":
+        return ledger_commands.run(args)
     raise AssertionError(args.command)  # pragma: no cover - argparse rejects unknown commands
 
 
