@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 from ._codec import JsonSerializer, Serializer
 from ._config import set_default_ledger, set_default_timeouts
-from ._context import CallInfo, current_call, node, tool_call
+from ._context import CallInfo, InDoubt, current_call, node, tool_call
 from ._core import RERUN
-from ._decorator import replay_safe
+from ._decorator import is_replay_safe, replay_safe
 from ._errors import (
     ArgumentDigestError,
     CallInDoubtError,
@@ -45,6 +45,7 @@ __all__ = [
     "ClaimResult",
     "Event",
     "EventKind",
+    "InDoubt",
     "InvalidCallIdError",
     "JsonSerializer",
     "Ledger",
@@ -69,6 +70,7 @@ __all__ = [
     "current_call",
     "idempotency_key",
     "instrument_opentelemetry",
+    "is_replay_safe",
     "node",
     "on_event",
     "open_ledger",

@@ -220,7 +220,8 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
         thread_id = _config_value(config, "thread_id")
         in_doubt = _config_value(config, "in_doubt")
         return cls(
-            None if thread_id is UNSET else thread_id,
+            # Frameworks allow ints and UUIDs as thread ids: the ledger keys on their text.
+            None if thread_id in (UNSET, None) else str(thread_id),
             message_id,
             tool_call_id,
             ledger=ledger,

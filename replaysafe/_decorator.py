@@ -234,7 +234,7 @@ def replay_safe(
             async for chunk in chunks:
                 yield chunk
 
-        return protect_async_stream(func)
+        return _marked(protect_async_stream(func), tool)
 
     if is_stream:
 
@@ -243,7 +243,7 @@ def replay_safe(
             plan = tool.plan(instance, args, kwargs)
             return wrapped(*args, **kwargs) if plan is None else stream(spec, plan, wrapped, args, kwargs)
 
-        return protect_stream(func)
+        return _marked(protect_stream(func), tool)
 
     if inspect.iscoroutinefunction(function):
 
@@ -255,7 +255,7 @@ def replay_safe(
             protocol = replay(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer)
             return await adrive(protocol, plan.ledger, spec, plan.scope, wrapped)
 
-        return protect_async(func)
+        return _marked(protect_async(func), tool)
 
     @wrapt.decorator
     def protect(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -265,4 +265,26 @@ def replay_safe(
         protocol = replay(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer)
         return drive(protocol, plan.ledger, spec, plan.scope, wrapped)
 
-    return protect(func)
+    return _marked(protect(func), tool)
+
+
+def _marked(wrapper: Any, tool: _Tool) -> Any:
+    # A _self_ attribute lives on wrapt's proxy itself, not on the wrapped function.
+    wrapper._self_replaysafe_tool = tool
+    return wrapper
+
+
+def is_replay_safe(function: object) -> bool:
+    """Whether ``function`` is protected by ``@replay_safe`` (through ``functools.wraps`` layers too).
+
+    Adapters use it to leave decorated tools to their own protection.
+    """
+    for _ in range(32):
+        function = getattr(function, "__func__", function)  # a staticmethod or classmethod
+        if isinstance(getattr(function, "_self_replaysafe_tool", None), _Tool):
+            return True
+        unwrapped = getattr(function, "__wrapped__", None)
+        if unwrapped is None or unwrapped is function:
+            return False
+        function = unwrapped
+    return False

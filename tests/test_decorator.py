@@ -237,3 +237,38 @@ def test_tool_call_nests_and_restores() -> None:
         assert scope is not None
         assert scope.key == outer
     assert current_scope() is None
+
+
+def test_is_replay_safe() -> None:
+    """is_replay_safe tells decorated tools apart, through wraps layers and static methods."""
+    import functools
+
+    @replay_safe
+    def protected() -> None:
+        return None
+
+    @functools.wraps(protected)
+    def layered() -> None:
+        return None
+
+    def plain() -> None:
+        return None
+
+    from replaysafe import is_replay_safe
+
+    assert is_replay_safe(protected)
+    assert is_replay_safe(layered)
+    assert is_replay_safe(Shop.quote)
+    assert is_replay_safe(Shop.refund)
+    assert not is_replay_safe(plain)
+    assert not is_replay_safe(print)
+
+
+def test_from_config_accepts_non_string_thread_ids() -> None:
+    """A framework's int or UUID thread id is keyed by its text."""
+    import uuid as uuid_module
+
+    thread = uuid_module.UUID("12345678-1234-5678-1234-567812345678")
+    scope = tool_call.from_config({"configurable": {"thread_id": thread}}, message_id="m", tool_call_id="c").scope
+    assert scope.key.thread_id == str(thread)
+    assert tool_call.from_config({"thread_id": 7}, message_id="m", tool_call_id="c").scope.key.thread_id == "7"

@@ -1,0 +1,202 @@
+"""The ``ToolNode`` interceptors: set the call's ids, and protect tools that are not decorated."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
+
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import BaseTool
+from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt import ToolNode
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Command
+
+from replaysafe import CallKey, InDoubt, Ledger, Serializer, is_replay_safe, replay_safe, tool_call
+
+from ._keys import MessageIdFallback, call_key
+from ._serializer import MessageSerializer
+
+ToolResult = ToolMessage | Command[Any]
+Execute = Callable[[ToolCallRequest], ToolResult]
+AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
+
+#: What to do with a call whose process died mid-way: run it again, raise, or ask a reconciler.
+
+
+#: Exceptions that pause a tool for a human: LangGraph's ``interrupt()`` raises ``GraphInterrupt``.
+PAUSES: tuple[type[BaseException], ...] = (GraphBubbleUp,)
+#: Per-run settings read from ``config["configurable"]``, as ``replaysafe.tool_call`` names them.
+RUN_SETTINGS = ("tool_timeout", "in_doubt")
+
+
+class ReplaySafeInterceptor:
+    """The ``wrap_tool_call`` / ``awrap_tool_call`` pair that makes a ``ToolNode`` replay-safe.
+
+    For each tool call it sets ``replaysafe.tool_call(thread_id, message_id, tool_call_id)``.
+    A tool decorated with ``@replay_safe`` then claims and records itself under that key.
+    Any other tool is protected here: the ``ToolMessage`` or ``Command`` it produced is
+    recorded (with ``MessageSerializer``) and returned on replay without running the tool.
+
+    Install both methods: ``ToolNode(tools, wrap_tool_call=i.wrap, awrap_tool_call=i.awrap)``.
+
+    ``timeout`` (seconds; ``0`` disables) and ``in_doubt`` apply to every call, decorated
+    tools included; a run overrides them with ``config["configurable"]["tool_timeout"]`` /
+    ``["in_doubt"]``. For an undecorated tool, an ``in_doubt`` reconciler finds the model's
+    arguments in ``call.args[0]`` and returns the call's result (a string becomes its
+    ``ToolMessage``).
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger | None,
+        *,
+        messages_key: str = "messages",
+        fallback_message_id: MessageIdFallback | None = None,
+        on_missing_ids: Literal["warn", "raise"] = "warn",
+        on_ledger_error: Literal["warn", "raise"] = "warn",
+        timeout: float | None = None,
+        in_doubt: InDoubt | None = None,
+        lease: float | None = None,
+        wait_timeout: float | None = None,
+        serializer: Serializer | None = None,
+    ) -> None:
+        """``ledger=None`` uses replaysafe's default ledger; ``None`` options keep replaysafe's defaults."""
+        self.ledger = ledger
+        self.messages_key = messages_key
+        self.fallback_message_id = fallback_message_id
+        self._settings: dict[str, Any] = {"tool_timeout": timeout, "in_doubt": in_doubt}
+        self._options: dict[str, Any] = {
+            "on_missing_ids": on_missing_ids,
+            "on_ledger_error": on_ledger_error,
+            "serializer": serializer or MessageSerializer(),
+            # Only the executor is left out: the digest covers the model's arguments.
+            "exclude_args": ("request", "execute"),
+        }
+        if lease is not None:
+            self._options["lease"] = lease
+        if wait_timeout is not None:
+            self._options["wait_timeout"] = wait_timeout
+        self._sync: dict[str, Callable[..., ToolResult]] = {}
+        self._async: dict[str, Callable[..., Awaitable[ToolResult]]] = {}
+
+    def key(self, request: ToolCallRequest) -> CallKey:
+        """The ledger key of a request; an id that cannot be found is ``""``."""
+        return call_key(request, messages_key=self.messages_key, fallback_message_id=self.fallback_message_id)
+
+    def _scope(self, request: ToolCallRequest) -> tool_call:
+        configurable = (getattr(request.runtime, "config", None) or {}).get("configurable") or {}
+        settings = {name: configurable.get(name, self._settings[name]) for name in RUN_SETTINGS}
+        given = {name: value for name, value in settings.items() if value is not None}
+        return tool_call(*self.key(request), ledger=self.ledger, pauses=PAUSES, **given)
+
+    def wrap(self, request: ToolCallRequest, execute: Execute) -> ToolResult:
+        """The sync interceptor (``ToolNode(wrap_tool_call=...)``)."""
+        tool = request.tool
+        if tool is None:  # not a registered tool: ToolNode answers with an error, nothing runs
+            return execute(request)
+        with self._scope(request):
+            if _decorated(tool, asynchronous=False):
+                return execute(request)
+            return _as_result(self._protected(tool.name)(request.tool_call["args"], request, execute), request)
+
+    async def awrap(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
+        """The async interceptor (``ToolNode(awrap_tool_call=...)``)."""
+        tool = request.tool
+        if tool is None:
+            return await execute(request)
+        async with self._scope(request):
+            if _decorated(tool, asynchronous=True):
+                return await execute(request)
+            result = await self._aprotected(tool.name)(request.tool_call["args"], request, execute)
+            return _as_result(result, request)
+
+    def _protected(self, name: str) -> Callable[..., ToolResult]:
+        protected = self._sync.get(name)
+        if protected is None:
+
+            def run(args: dict[str, Any], request: ToolCallRequest, execute: Execute) -> ToolResult:
+                return execute(request)
+
+            protected = self._sync.setdefault(name, replay_safe(name=name, **self._options)(run))
+        return protected
+
+    def _aprotected(self, name: str) -> Callable[..., Awaitable[ToolResult]]:
+        protected = self._async.get(name)
+        if protected is None:
+
+            async def run(args: dict[str, Any], request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
+                return await execute(request)
+
+            protected = self._async.setdefault(name, replay_safe(name=name, **self._options)(run))
+        return protected
+
+
+def replay_safe_tool_node(
+    tools: Sequence[BaseTool | Callable[..., Any]],
+    *,
+    ledger: Ledger | None,
+    fallback_message_id: MessageIdFallback | None = None,
+    on_missing_ids: Literal["warn", "raise"] = "warn",
+    on_ledger_error: Literal["warn", "raise"] = "warn",
+    timeout: float | None = None,
+    in_doubt: InDoubt | None = None,
+    lease: float | None = None,
+    wait_timeout: float | None = None,
+    **toolnode_kwargs: Any,
+) -> ToolNode:
+    """A ``langgraph.prebuilt.ToolNode`` with both ``ReplaySafeInterceptor`` methods installed.
+
+    The keyword options are ``ReplaySafeInterceptor``'s; ``toolnode_kwargs`` go to
+    ``ToolNode`` (``name``, ``handle_tool_errors``, ``messages_key``...).
+    """
+    if "wrap_tool_call" in toolnode_kwargs or "awrap_tool_call" in toolnode_kwargs:
+        raise TypeError(
+            "replay_safe_tool_node() installs its own wrap_tool_call and awrap_tool_call. To combine them with "
+            "yours, build ToolNode(...) yourself and call ReplaySafeInterceptor(ledger).wrap / .awrap as the "
+            "innermost step of your interceptors."
+        )
+    interceptor = ReplaySafeInterceptor(
+        ledger,
+        messages_key=toolnode_kwargs.get("messages_key", "messages"),
+        fallback_message_id=fallback_message_id,
+        on_missing_ids=on_missing_ids,
+        on_ledger_error=on_ledger_error,
+        timeout=timeout,
+        in_doubt=in_doubt,
+        lease=lease,
+        wait_timeout=wait_timeout,
+    )
+    return ToolNode(tools, wrap_tool_call=interceptor.wrap, awrap_tool_call=interceptor.awrap, **toolnode_kwargs)
+
+
+def _as_result(value: Any, request: ToolCallRequest) -> ToolResult:
+    """What ToolNode expects back. A plain value comes from a record settled by hand
+    (``ledger.resolve(key, result=...)``) or an ``in_doubt`` reconciler: it becomes the
+    call's ``ToolMessage``."""
+    if isinstance(value, (ToolMessage, Command)) or (
+        isinstance(value, list) and all(isinstance(item, (ToolMessage, Command)) for item in value)
+    ):
+        return value  # type: ignore[return-value]  # ToolNode also accepts a list of them
+    content = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return ToolMessage(content=content, name=request.tool_call["name"], tool_call_id=request.tool_call["id"])
+
+
+# --- is the tool decorated with @replay_safe? -----------------------------------------
+
+
+def _decorated(tool: BaseTool, *, asynchronous: bool) -> bool:
+    """Whether the function this call will run is decorated with ``@replay_safe``.
+
+    A wrong "no" stays safe: the interceptor then protects the call, and the decorated
+    function, finding a protected call already running, runs plainly inside it.
+    """
+    function = getattr(tool, "func", None)
+    if asynchronous:
+        function = getattr(tool, "coroutine", None) or function
+    if function is None:  # a BaseTool subclass: its _run / _arun
+        function = getattr(type(tool), "_arun" if asynchronous else "_run", None)
+        if asynchronous and function is BaseTool._arun:
+            function = getattr(type(tool), "_run", None)
+    return function is not None and is_replay_safe(function)

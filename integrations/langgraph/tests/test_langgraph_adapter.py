@@ -1,0 +1,488 @@
+"""The adapter inside one process: real LangGraph graphs and create_agent agents, offline test models."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import pytest
+from langchain.agents.middleware import HumanInTheLoopMiddleware
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.tools import BaseTool, InjectedToolCallId, tool
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode
+from langgraph.types import Command, interrupt
+from typing_extensions import TypedDict
+
+from replaysafe import (
+    CallInfo,
+    CallKey,
+    MissingCallIdError,
+    ReplayMismatchError,
+    SqliteLedger,
+    Status,
+    ToolTimeoutError,
+    UnprotectedCallWarning,
+    current_call,
+    replay_safe,
+)
+from replaysafe_langgraph import ReplaySafeMiddleware, ai_message_digest, replay_safe_tool_node
+
+from _langgraph_fakes import (
+    agent_graph,
+    final_answer,
+    refund_and_email,
+    scripted,
+    state_graph,
+    tool_call_message,
+)
+
+GRAPHS = ["toolnode", "agent"]
+
+
+def make_tools(effects: list[str], *, asynchronous: bool = False) -> list[BaseTool]:
+    """``refund_order`` and ``send_email``, undecorated; each appends to ``effects`` when it acts."""
+    if asynchronous:
+
+        async def refund_order(order_id: str) -> str:
+            """Refund an order."""
+            effects.append(f"refund_order {order_id}")
+            return f"refunded {order_id}"
+
+        async def send_email(to: str) -> str:
+            """Email the customer."""
+            effects.append(f"send_email {to}")
+            return f"sent to {to}"
+
+    else:
+
+        def refund_order(order_id: str) -> str:
+            """Refund an order."""
+            effects.append(f"refund_order {order_id}")
+            return f"refunded {order_id}"
+
+        def send_email(to: str) -> str:
+            """Email the customer."""
+            effects.append(f"send_email {to}")
+            return f"sent to {to}"
+
+    return [tool(refund_order), tool(send_email)]
+
+
+def build(graph: str, model: Any, tools: list[BaseTool], ledger: SqliteLedger | None, **options: Any) -> Any:
+    """A checkpointed graph of either kind; ``ledger=None`` builds it without the adapter."""
+    if graph == "toolnode":
+        node = ToolNode(tools) if ledger is None else replay_safe_tool_node(tools, ledger=ledger, **options)
+        return state_graph(model, node, InMemorySaver())
+    middleware = [] if ledger is None else [ReplaySafeMiddleware(ledger, **options)]
+    return agent_graph(model, tools, middleware, InMemorySaver())
+
+
+def config(thread_id: str) -> Any:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def ask(turn: int) -> dict[str, list[AnyMessage]]:
+    return {"messages": [HumanMessage(f"turn {turn}: refund order A1 and tell the customer", id=f"human-turn{turn}")]}
+
+
+def before_tools(graph: Any, thread_id: str) -> Any:
+    """The config of the checkpoint taken after the model asked for the tools, before they ran."""
+    return next(s.config for s in graph.get_state_history(config(thread_id)) if set(s.next) == {"tools"})
+
+
+async def abefore_tools(graph: Any, thread_id: str) -> Any:
+    async for snapshot in graph.aget_state_history(config(thread_id)):
+        if set(snapshot.next) == {"tools"}:
+            return snapshot.config
+    raise AssertionError("no checkpoint before the tools step")
+
+
+def tool_results(messages: list[AnyMessage]) -> dict[str, Any]:
+    return {m.tool_call_id: m.content for m in messages if isinstance(m, ToolMessage)}
+
+
+# --- replay and new turns -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
+def test_new_turn_with_same_tool_call_ids_runs_the_tools(graph: str, ledger: SqliteLedger, thread_id: str) -> None:
+    """A new model message with the same call_1/call_2 ids is a new call and runs."""
+    effects: list[str] = []
+    model = scripted(refund_and_email(1), final_answer(1), refund_and_email(2), final_answer(2))
+    agent = build(graph, model, make_tools(effects), ledger)
+    agent.invoke(ask(1), config(thread_id))
+    out = agent.invoke(ask(2), config(thread_id))
+    assert sorted(effects) == ["refund_order A1"] * 2 + ["send_email customer@example.com"] * 2
+    assert {(r.key.message_id, r.key.tool_call_id) for r in ledger.records(thread_id=thread_id)} == {
+        ("msg-turn1-tools", "call_1"),
+        ("msg-turn1-tools", "call_2"),
+        ("msg-turn2-tools", "call_1"),
+        ("msg-turn2-tools", "call_2"),
+    }
+    assert [m.id for m in out["messages"] if isinstance(m, AIMessage)] == [
+        "msg-turn1-tools",
+        "msg-turn1-final",
+        "msg-turn2-tools",
+        "msg-turn2-final",
+    ]
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
+async def test_new_turn_with_same_tool_call_ids_runs_the_tools_async(
+    graph: str, ledger: SqliteLedger, thread_id: str
+) -> None:
+    """Under ainvoke, with async tools, a new model message with the same call ids runs again."""
+    effects: list[str] = []
+    model = scripted(refund_and_email(1), final_answer(1), refund_and_email(2), final_answer(2))
+    agent = build(graph, model, make_tools(effects, asynchronous=True), ledger)
+    await agent.ainvoke(ask(1), config(thread_id))
+    await agent.ainvoke(ask(2), config(thread_id))
+    assert sorted(effects) == ["refund_order A1"] * 2 + ["send_email customer@example.com"] * 2
+    assert len(list(ledger.records(thread_id=thread_id))) == 4
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
+@pytest.mark.parametrize(("adapter", "runs"), [(True, 1), (False, 2)], ids=["adapter", "no-adapter"])
+def test_replaying_a_checkpoint_does_not_run_tools_again(
+    graph: str, adapter: bool, runs: int, ledger: SqliteLedger, thread_id: str
+) -> None:
+    """Re-running the tools step from its checkpoint replays the recorded results (and runs them without it)."""
+    effects: list[str] = []
+    fork_answer = AIMessage(id="msg-turn1-final-fork", content="done again")
+    model = scripted(refund_and_email(1), final_answer(1), fork_answer)
+    agent = build(graph, model, make_tools(effects), ledger if adapter else None)
+    first = agent.invoke(ask(1), config(thread_id))
+    replayed = agent.invoke(None, before_tools(agent, thread_id))
+    assert effects.count("refund_order A1") == runs
+    assert effects.count("send_email customer@example.com") == runs
+    assert tool_results(replayed["messages"]) == tool_results(first["messages"])
+    assert tool_results(replayed["messages"]) == {"call_1": "refunded A1", "call_2": "sent to customer@example.com"}
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
+async def test_replaying_a_checkpoint_does_not_run_async_tools_again(
+    graph: str, ledger: SqliteLedger, thread_id: str
+) -> None:
+    """Under ainvoke, re-running the tools step replays the recorded results of async tools."""
+    effects: list[str] = []
+    model = scripted(refund_and_email(1), final_answer(1), AIMessage(id="msg-turn1-final-fork", content="again"))
+    agent = build(graph, model, make_tools(effects, asynchronous=True), ledger)
+    first = await agent.ainvoke(ask(1), config(thread_id))
+    replayed = await agent.ainvoke(None, await abefore_tools(agent, thread_id))
+    assert sorted(effects) == ["refund_order A1", "send_email customer@example.com"]
+    assert tool_results(replayed["messages"]) == tool_results(first["messages"])
+
+
+def test_recorded_tool_message_is_replayed_whole(ledger: SqliteLedger, thread_id: str) -> None:
+    """A replayed ToolMessage keeps the tool's artifact and status, not only its text."""
+    effects: list[str] = []
+
+    @tool(response_format="content_and_artifact")
+    def refund_order(order_id: str) -> tuple[str, dict[str, Any]]:
+        """Refund an order."""
+        effects.append(f"refund_order {order_id}")
+        return f"refunded {order_id}", {"refund_id": "re_123", "amount_cents": 1250}
+
+    model = scripted(
+        tool_call_message(1, "refund_order", {"order_id": "A1"}),
+        final_answer(1),
+        AIMessage(id="msg-turn1-final-fork", content="again"),
+    )
+    agent = build("toolnode", model, [refund_order], ledger)
+    first = agent.invoke(ask(1), config(thread_id))
+    replayed = agent.invoke(None, before_tools(agent, thread_id))
+    original = next(m for m in first["messages"] if isinstance(m, ToolMessage))
+    again = next(m for m in replayed["messages"] if isinstance(m, ToolMessage))
+    assert effects == ["refund_order A1"]
+    assert (again.content, again.artifact, again.status, again.name, again.tool_call_id) == (
+        original.content,
+        {"refund_id": "re_123", "amount_cents": 1250},
+        "success",
+        "refund_order",
+        "call_1",
+    )
+
+
+def test_edited_tool_call_on_replay_is_refused(ledger: SqliteLedger, thread_id: str) -> None:
+    """A fork that keeps the ids but changes the arguments raises ReplayMismatchError instead of refunding."""
+    effects: list[str] = []
+    model = scripted(refund_and_email(1), final_answer(1))
+    agent = build("toolnode", model, make_tools(effects), ledger)
+    agent.invoke(ask(1), config(thread_id))
+    fork = agent.update_state(before_tools(agent, thread_id), {"messages": [refund_and_email(1, order_id="B2")]})
+    with pytest.raises(ReplayMismatchError, match="refund_order"):
+        agent.invoke(None, fork)
+    assert effects.count("refund_order A1") == 1
+    assert "refund_order B2" not in effects
+
+
+class RefundState(MessagesState):
+    refund_status: str
+
+
+def test_tool_returning_a_command_is_replayed(ledger: SqliteLedger, thread_id: str) -> None:
+    """A Command (state update plus ToolMessage) is recorded and applied again on replay without running."""
+    effects: list[str] = []
+
+    @tool
+    def refund_order(order_id: str, tool_call_id: Annotated[str, InjectedToolCallId]) -> Command[Any]:
+        """Refund an order."""
+        effects.append(f"refund_order {order_id}")
+        message = ToolMessage(f"refunded {order_id}", tool_call_id=tool_call_id)
+        return Command(update={"refund_status": f"refunded {order_id}", "messages": [message]})
+
+    model = scripted(
+        tool_call_message(1, "refund_order", {"order_id": "A1"}),
+        final_answer(1),
+        AIMessage(id="msg-turn1-final-fork", content="again"),
+    )
+
+    def agent_node(state: RefundState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    def route(state: RefundState) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    builder = StateGraph(RefundState)
+    builder.add_node("agent", agent_node)
+    builder.add_node("tools", replay_safe_tool_node([refund_order], ledger=ledger))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", route, ["tools", END])
+    builder.add_edge("tools", "agent")
+    graph = builder.compile(checkpointer=InMemorySaver())
+    graph.invoke(ask(1), config(thread_id))
+    fork = before_tools(graph, thread_id)
+    assert graph.get_state(fork).values.get("refund_status") is None
+    replayed = graph.invoke(None, fork)
+    assert effects == ["refund_order A1"]
+    assert replayed["refund_status"] == "refunded A1"
+    assert tool_results(replayed["messages"]) == {"call_1": "refunded A1"}
+
+
+# --- tools decorated with @replay_safe -------------------------------------------------
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
+def test_decorated_tool_is_keyed_by_the_adapter_and_recorded_once(
+    graph: str, ledger: SqliteLedger, thread_id: str
+) -> None:
+    """A @replay_safe tool gets the graph's ids from the adapter and records its own result, once."""
+    seen: list[CallInfo | None] = []
+
+    @tool
+    @replay_safe
+    def refund_order(order_id: str) -> str:
+        """Refund an order."""
+        seen.append(current_call())
+        return f"refunded {order_id}"
+
+    model = scripted(
+        tool_call_message(1, "refund_order", {"order_id": "A1"}),
+        final_answer(1),
+        AIMessage(id="msg-turn1-final-fork", content="again"),
+    )
+    agent = build(graph, model, [refund_order], ledger)
+    agent.invoke(ask(1), config(thread_id))
+    agent.invoke(None, before_tools(agent, thread_id))
+    assert len(seen) == 1
+    assert seen[0] is not None
+    assert seen[0].key == CallKey(thread_id, "msg-turn1-tools", "call_1")
+    records = list(ledger.records(thread_id=thread_id))
+    assert [(r.tool_name, r.status, r.result) for r in records] == [("refund_order", Status.COMPLETED, '"refunded A1"')]
+
+
+async def test_decorated_async_tool_is_keyed_by_the_adapter(ledger: SqliteLedger, thread_id: str) -> None:
+    """An async @replay_safe tool under ainvoke sees the adapter's key and is replayed, not re-run."""
+    seen: list[CallInfo | None] = []
+
+    @tool
+    @replay_safe
+    async def refund_order(order_id: str) -> str:
+        """Refund an order."""
+        seen.append(current_call())
+        return f"refunded {order_id}"
+
+    model = scripted(
+        tool_call_message(1, "refund_order", {"order_id": "A1"}),
+        final_answer(1),
+        AIMessage(id="msg-turn1-final-fork", content="again"),
+    )
+    agent = build("toolnode", model, [refund_order], ledger)
+    await agent.ainvoke(ask(1), config(thread_id))
+    await agent.ainvoke(None, await abefore_tools(agent, thread_id))
+    assert [info.key if info else None for info in seen] == [CallKey(thread_id, "msg-turn1-tools", "call_1")]
+    assert len(list(ledger.records(thread_id=thread_id))) == 1
+
+
+async def test_tool_timeout_from_the_run_config(ledger: SqliteLedger, thread_id: str) -> None:
+    """configurable tool_timeout bounds a protected call: ToolTimeoutError, and the call is left in doubt."""
+    never = asyncio.Event()
+
+    @tool
+    async def refund_order(order_id: str) -> str:
+        """Refund an order (this one hangs)."""
+        await never.wait()
+        return f"refunded {order_id}"
+
+    model = scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}))
+    agent = build("toolnode", model, [refund_order], ledger)
+    run_config = {"configurable": {"thread_id": thread_id, "tool_timeout": 0.05}}
+    with pytest.raises(ToolTimeoutError, match="refund_order"):
+        await agent.ainvoke(ask(1), run_config)
+    record = ledger.get(CallKey(thread_id, "msg-turn1-tools", "call_1"))
+    assert record is not None
+    assert record.status is Status.IN_DOUBT
+
+
+# --- human in the loop ------------------------------------------------------------------
+
+
+def approval_tools(effects: list[str]) -> list[BaseTool]:
+    @tool
+    def refund_order(order_id: str) -> str:
+        """Refund an order once a person approves it."""
+        if interrupt({"approve_refund": order_id}) != "yes":
+            return "refund declined"
+        effects.append(f"refund_order {order_id}")
+        return f"refunded {order_id}"
+
+    return [refund_order]
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
+def test_interrupt_inside_a_tool_releases_the_claim(graph: str, ledger: SqliteLedger, thread_id: str) -> None:
+    """interrupt() in a tool leaves no claim behind; resuming after approval runs the tool once."""
+    effects: list[str] = []
+    model = scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}), final_answer(1))
+    # wait_timeout=0: a claim left behind would fail the resume at once (CallInProgressError).
+    agent = build(graph, model, approval_tools(effects), ledger, wait_timeout=0)
+    paused = agent.invoke(ask(1), config(thread_id))
+    key = CallKey(thread_id, "msg-turn1-tools", "call_1")
+    assert [i.value for i in paused["__interrupt__"]] == [{"approve_refund": "A1"}]
+    assert ledger.get(key) is None
+    done = agent.invoke(Command(resume="yes"), config(thread_id))
+    assert effects == ["refund_order A1"]
+    assert tool_results(done["messages"]) == {"call_1": "refunded A1"}
+    record = ledger.get(key)
+    assert record is not None
+    assert (record.status, record.attempt) == (Status.COMPLETED, 1)
+
+
+@pytest.mark.parametrize("graph", GRAPHS)
+async def test_interrupt_inside_a_tool_releases_the_claim_async(
+    graph: str, ledger: SqliteLedger, thread_id: str
+) -> None:
+    """Under ainvoke, interrupt() leaves no claim; resuming after approval runs the tool once."""
+    effects: list[str] = []
+    model = scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}), final_answer(1))
+    agent = build(graph, model, approval_tools(effects), ledger, wait_timeout=0)
+    await agent.ainvoke(ask(1), config(thread_id))
+    assert ledger.get(CallKey(thread_id, "msg-turn1-tools", "call_1")) is None
+    await agent.ainvoke(Command(resume="yes"), config(thread_id))
+    assert effects == ["refund_order A1"]
+
+
+def test_human_in_the_loop_middleware_goes_before_replaysafe(ledger: SqliteLedger, thread_id: str) -> None:
+    """With HumanInTheLoopMiddleware first, the reviewer's edit is what runs and is recorded, once."""
+    effects: list[str] = []
+    model = scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}), final_answer(1))
+    review = HumanInTheLoopMiddleware(interrupt_on={"refund_order": True}, interrupt_mode="per_call")
+    agent = agent_graph(
+        model, make_tools(effects), [review, ReplaySafeMiddleware(ledger, wait_timeout=0)], InMemorySaver()
+    )
+    paused = agent.invoke(ask(1), config(thread_id), version="v2")
+    assert ledger.get(CallKey(thread_id, "msg-turn1-tools", "call_1")) is None
+    edit = {"type": "edit", "edited_action": {"name": "refund_order", "args": {"order_id": "B2"}}}
+    agent.invoke(Command(resume={i.id: edit for i in paused.interrupts}), config(thread_id), version="v2")
+    assert effects == ["refund_order B2"]
+    record = ledger.get(CallKey(thread_id, "msg-turn1-tools", "call_1"))
+    assert record is not None
+    assert record.status is Status.COMPLETED
+
+
+# --- missing ids ---------------------------------------------------------------------------
+
+
+class RawState(TypedDict):
+    """Messages appended as they come: no reducer assigns ids."""
+
+    messages: Annotated[list[AnyMessage], operator.add]
+
+
+def tools_only_graph(effects: list[str], ledger: SqliteLedger, **options: Any) -> Any:
+    builder = StateGraph(RawState)
+    builder.add_node("tools", replay_safe_tool_node(make_tools(effects), ledger=ledger, **options))
+    builder.add_edge(START, "tools")
+    builder.add_edge("tools", END)
+    return builder.compile(checkpointer=InMemorySaver())
+
+
+def id_less_call() -> dict[str, list[AnyMessage]]:
+    message = AIMessage(content="", tool_calls=[{"name": "refund_order", "args": {"order_id": "A1"}, "id": "call_1"}])
+    assert message.id is None
+    return {"messages": [message]}
+
+
+def test_message_without_id_runs_unprotected_with_a_warning(ledger: SqliteLedger, thread_id: str) -> None:
+    """No message id and no fallback: the core's rule applies (warn, run unprotected)."""
+    effects: list[str] = []
+    graph = tools_only_graph(effects, ledger)
+    with pytest.warns(UnprotectedCallWarning, match="refund_order ran WITHOUT replay protection"):
+        graph.invoke(id_less_call(), config(thread_id))
+    assert effects == ["refund_order A1"]
+    assert list(ledger.records()) == []
+
+
+def test_message_without_id_raises_when_told_to(ledger: SqliteLedger, thread_id: str) -> None:
+    """on_missing_ids='raise' refuses to run a call it cannot key."""
+    effects: list[str] = []
+    graph = tools_only_graph(effects, ledger, on_missing_ids="raise")
+    with pytest.raises(MissingCallIdError, match="refund_order"):
+        graph.invoke(id_less_call(), config(thread_id))
+    assert effects == []
+
+
+def test_fallback_message_id_keys_messages_without_ids(ledger: SqliteLedger, thread_id: str) -> None:
+    """fallback_message_id supplies the message id when the state's messages carry none."""
+    effects: list[str] = []
+    graph = tools_only_graph(effects, ledger, fallback_message_id=ai_message_digest)
+    graph.invoke(id_less_call(), config(thread_id))
+    [record] = list(ledger.records(thread_id=thread_id))
+    assert effects == ["refund_order A1"]
+    assert record.key.message_id.startswith("digest-")
+    assert record.key.tool_call_id == "call_1"
+
+
+def test_without_a_thread_id_the_call_runs_unprotected_with_a_warning(ledger: SqliteLedger) -> None:
+    """A graph run without a checkpointer has no thread id: warn and run."""
+    effects: list[str] = []
+    model = scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}), final_answer(1))
+    node = replay_safe_tool_node(make_tools(effects), ledger=ledger)
+    graph = state_graph(model, node, None)
+    with pytest.warns(UnprotectedCallWarning, match="empty ids"):
+        graph.invoke(ask(1))
+    assert effects == ["refund_order A1"]
+    assert list(ledger.records()) == []
+
+
+# --- construction ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["wrap_tool_call", "awrap_tool_call"])
+def test_tool_node_refuses_a_second_interceptor(option: str, ledger: SqliteLedger) -> None:
+    """replay_safe_tool_node() says how to combine interceptors instead of dropping one."""
+    passthrough: Callable[..., Any] = lambda request, execute: execute(request)  # noqa: E731
+    with pytest.raises(TypeError, match="innermost"):
+        replay_safe_tool_node([], ledger=ledger, **{option: passthrough})
+
+
+def test_tool_node_passes_tool_node_options(ledger: SqliteLedger) -> None:
+    """Other keyword arguments go to ToolNode."""
+    node = replay_safe_tool_node(make_tools([]), ledger=ledger, name="actions", handle_tool_errors=True)
+    assert node.name == "actions"
+    assert sorted(node.tools_by_name) == ["refund_order", "send_email"]

@@ -1,0 +1,152 @@
+"""Replay-safe ``FunctionTool``s: each call keyed by (app thread id, model item or response id, call id)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from agents import Agent, FunctionTool
+from agents.models.fake_id import FAKE_RESPONSES_ID
+from agents.tool import _FailureHandlingFunctionToolInvoker
+from agents.tool_context import ToolContext
+
+from replaysafe import CallKey, Ledger, is_replay_safe, replay_safe, tool_call
+
+TContext = TypeVar("TContext")
+Invoker = Callable[[ToolContext[Any], str], Awaitable[Any]]
+#: The app's thread id: a fixed string, or a function of the call's ``ToolContext``.
+ThreadId = str | Callable[[ToolContext[Any]], str | None]
+
+
+def context_field(name: str) -> Callable[[ToolContext[Any]], str | None]:
+    """A thread id read from the run's context: ``ctx.context[name]`` or ``ctx.context.<name>``.
+
+    Works for a dict context and for a dataclass or other object; ``RunState.from_json`` hands a
+    dataclass context back as a dict unless given a ``context_deserializer``, so both shapes occur.
+    """
+
+    def read(ctx: ToolContext[Any]) -> str | None:
+        context = ctx.context
+        value = context.get(name) if isinstance(context, Mapping) else getattr(context, name, None)
+        return value if isinstance(value, str) else None
+
+    return read
+
+
+def group_id(ctx: ToolContext[Any]) -> str | None:
+    """A thread id read from ``RunConfig(group_id=...)``; pass the same ``RunConfig`` on resume."""
+    return ctx.run_config.group_id if ctx.run_config is not None else None
+
+
+def message_id(ctx: ToolContext[Any]) -> str | None:
+    """The id of the model output holding the call, or ``None`` if the call carries none.
+
+    The Responses API gives each ``function_call`` item a globally unique id (``fc_…``). Chat
+    Completions and LiteLLM models give every item the placeholder ``"__fake_id__"`` and put the
+    completion id in the item's ``provider_data["response_id"]``. An item id equal to the call id
+    (test models, some gateways) is not unique across turns, so it is not used either.
+    """
+    call = ctx.tool_call
+    if call is None:
+        return None
+    if call.id and call.id not in (FAKE_RESPONSES_ID, call.call_id):
+        return call.id
+    provider_data = getattr(call, "provider_data", None)
+    response_id = provider_data.get("response_id") if isinstance(provider_data, Mapping) else None
+    return response_id if isinstance(response_id, str) and response_id else None
+
+
+def call_key(ctx: ToolContext[Any], thread_id: ThreadId) -> CallKey:
+    """``(thread_id, message_id, tool_call_id)`` of the call; an id that cannot be found is ``""``."""
+    thread = thread_id if isinstance(thread_id, str) else thread_id(ctx)
+    return CallKey(thread or "", message_id(ctx) or "", ctx.tool_call_id or "")
+
+
+def _is_replay_safe(tool: FunctionTool) -> bool:
+    """Whether the tool's Python function is decorated with ``@replay_safe`` and protects itself."""
+    try:
+        function = tool.__wrapped__  # only tools made by @function_tool have one
+    except AttributeError:
+        return False
+    return is_replay_safe(function)
+
+
+async def _execute(ctx: ToolContext[Any], arguments: str, invoke: Invoker) -> Any:
+    """The body protected for an undecorated tool: the tool's own invoker."""
+    return await invoke(ctx, arguments)
+
+
+def replay_safe_tool(
+    tool: FunctionTool,
+    ledger: Ledger | None = None,
+    *,
+    thread_id: ThreadId,
+    pauses: Sequence[type[BaseException]] = (),
+    **options: Any,
+) -> FunctionTool:
+    """A copy of ``tool`` whose calls run at most once per ``(thread, model output, call id)``.
+
+    ``thread_id`` is the app's conversation id: a string, :func:`context_field` or :func:`group_id`,
+    or any function of the ``ToolContext``. A tool whose function is decorated with
+    ``@replay_safe`` protects itself with its own options; any other tool's output is recorded,
+    with ``options`` as ``@replay_safe`` options (``lease=``, ``serializer=``, ``on_missing_ids=``…).
+    A tool that raises is not recorded, so the SDK's failure handler still turns the error into a
+    message for the model and a replay runs the tool again.
+    """
+    decorated = _is_replay_safe(tool)
+    settings = (ledger, thread_id, tuple(pauses), decorated, tool.name, options)
+    invoker = tool.on_invoke_tool
+    if isinstance(invoker, _FailureHandlingFunctionToolInvoker):
+        # Protect what runs inside the SDK's failure handler, so errors are not recorded as outputs.
+        handler = _FailureHandlingFunctionToolInvoker(
+            _protect(invoker._invoke_tool_impl, *settings), invoker._on_handled_error
+        )
+        for marker, value in vars(invoker).items():
+            if marker.startswith("__agents_"):  # e.g. the sync-tool marker
+                setattr(handler, marker, value)
+        return dataclasses.replace(tool, on_invoke_tool=handler)
+    return dataclasses.replace(tool, on_invoke_tool=_protect(invoker, *settings))
+
+
+def _protect(
+    invoke: Invoker,
+    ledger: Ledger | None,
+    thread_id: ThreadId,
+    pauses: tuple[type[BaseException], ...],
+    decorated: bool,
+    tool_name: str,
+    options: Mapping[str, Any],
+) -> Invoker:
+    @functools.wraps(invoke)  # keeps the SDK's markers (argument preparation, wrapped callable)
+    async def invoke_once(ctx: ToolContext[Any], arguments: str) -> Any:
+        async with tool_call(*call_key(ctx, thread_id), ledger=ledger, pauses=pauses):
+            if decorated:
+                return await invoke(ctx, arguments)
+            protected = replay_safe(name=tool_name, exclude_args=("ctx", "invoke"), **options)(_execute)
+            return await protected(ctx, arguments, invoke)
+
+    return invoke_once
+
+
+def replay_safe_agent(
+    agent: Agent[TContext],
+    ledger: Ledger | None = None,
+    *,
+    thread_id: ThreadId,
+    pauses: Sequence[type[BaseException]] = (),
+    **options: Any,
+) -> Agent[TContext]:
+    """A copy of ``agent`` with every ``FunctionTool`` wrapped by :func:`replay_safe_tool`.
+
+    Handoff targets are other agents: wrap them too. Hosted tools (web search, …) run at the
+    provider and are left as they are.
+    """
+    tools = [
+        replay_safe_tool(tool, ledger, thread_id=thread_id, pauses=pauses, **options)
+        if isinstance(tool, FunctionTool)
+        else tool
+        for tool in agent.tools
+    ]
+    return agent.clone(tools=tools)
