@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import sqlite3
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+import redis
+from psycopg import sql
 
 from replaysafe import (
     CallKey,
@@ -25,6 +28,8 @@ from replaysafe import (
     tool_call,
 )
 from replaysafe.ledgers import Ledger
+
+from . import servers
 
 KEY_A = "a-signing-key-of-32-bytes-000000"
 KEY_B = "b-signing-key-of-32-bytes-111111"
@@ -49,8 +54,36 @@ def tamper_memory(ledger: Ledger, key: CallKey, fields: dict[str, Any]) -> None:
     ledger._records[key] = dataclasses.replace(ledger._records[key], **changes)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def signed(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Ledger, Tamper, Callable[..., Ledger]]:
+def tamper_postgres(server_url: str) -> Tamper:
+    def tamper(ledger: Ledger, key: CallKey, fields: dict[str, Any]) -> None:
+        """UPDATE the row with a plain psycopg connection, as a database user could."""
+        table = sql.Identifier(ledger.table.schema, ledger.table.name)  # type: ignore[attr-defined]
+        with psycopg.connect(servers.libpq_url(server_url), autocommit=True) as db:
+            for column, value in fields.items():
+                db.execute(
+                    sql.SQL(
+                        "UPDATE {} SET {} = %s WHERE thread_id = %s AND message_id = %s AND tool_call_id = %s"
+                    ).format(table, sql.Identifier(column)),
+                    (value, *key),
+                )
+
+    return tamper
+
+
+def tamper_redis(server_url: str) -> Tamper:
+    def tamper(ledger: Ledger, key: CallKey, fields: dict[str, Any]) -> None:
+        """HSET the record's hash with a plain client, as anyone with access to Redis could."""
+        client = redis.Redis.from_url(server_url)
+        try:
+            client.hset(ledger._keys(key)[0], mapping=fields)  # type: ignore[attr-defined]
+        finally:
+            client.close()
+
+    return tamper
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])
+def signed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Ledger, Tamper, Callable[..., Ledger]]]:
     """A signing ledger, a way to alter its store directly, and a way to reopen it with other keys."""
     if request.param == "memory":
         memory = MemoryLedger(signing_key=KEY_A)
@@ -59,13 +92,24 @@ def signed(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Ledger, Tamp
             memory.sealer = MemoryLedger(signing_key=signing_key).sealer
             return memory
 
-        return memory, tamper_memory, reopen_memory
-    path = tmp_path / "signed.db"
-    return (
-        SqliteLedger(path, signing_key=KEY_A),
-        tamper_sqlite,
-        lambda signing_key: SqliteLedger(path, signing_key=signing_key),
-    )
+        yield memory, tamper_memory, reopen_memory
+        return
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'signed.db'}"
+        tamper = tamper_sqlite
+    else:
+        url = request.getfixturevalue(f"{request.param}_url")
+        server = request.getfixturevalue(f"{request.param}_server_url")
+        tamper = tamper_postgres(server) if request.param == "postgres" else tamper_redis(server)
+    opened: list[Ledger] = []
+
+    def reopen(signing_key: Any) -> Ledger:
+        opened.append(open_ledger(url, signing_key=signing_key))
+        return opened[-1]
+
+    yield reopen(KEY_A), tamper, reopen
+    for ledger in opened:
+        ledger.close()
 
 
 def refund(ledger: Ledger, runs: list[str]) -> Any:
