@@ -22,13 +22,17 @@ import tenacity
 
 from ._context import CallScope, _current
 from ._core import (
+    Claim,
+    Complete,
     Effect,
     LedgerOp,
     Reconcile,
+    Release,
     Replay,
     Run,
     RunTool,
     Sleep,
+    Takeover,
     ToolSpec,
     begin,
     settle_error,
@@ -36,6 +40,8 @@ from ._core import (
 )
 from ._errors import LedgerError, ReplaySafeError, ToolTimeoutError, describe
 from ._events import logger
+from ._pending import pending_writes
+from ._records import Status
 from ._sealing import Sealer
 from .ledgers import Ledger
 
@@ -54,17 +60,38 @@ class Plan(NamedTuple):
 
 
 def _ledger_error(effect: LedgerOp, spec: ToolSpec, ledger: Ledger, exc: BaseException) -> LedgerError:
+    """The error a failed operation raises into the protocol; a finishing write is kept for later."""
+    transient = isinstance(exc, ledger.transient_errors)
+    cleanup = _cleanup_for(effect) if transient else None
+    if cleanup is not None:
+        pending_writes.defer(cleanup, ledger, spec.name)
+    deferred = cleanup is effect
     operation = type(effect).__name__.lower()
     # A driver's own error, not SQLAlchemy's wrapper, whose text would quote the
     # statement's parameters: those hold the tool's result.
     cause = getattr(exc, "orig", None) or exc
     return LedgerError(
         f"ledger {operation} failed for {describe(spec.name, effect.key)} on {ledger!r} "
-        f"({type(cause).__name__}: {str(cause).strip()}). Check that the ledger is reachable and its table exists.",
+        f"({type(cause).__name__}: {str(cause).strip()}). Check that the ledger is reachable and its table exists."
+        + (" The write will be tried again in the background until the ledger answers." if deferred else ""),
         tool_name=spec.name,
         key=effect.key,
-        transient=isinstance(exc, ledger.transient_errors),
+        transient=transient,
     )
+
+
+def _cleanup_for(effect: LedgerOp) -> Complete | Release:
+    """What to write once the ledger answers again, after ``effect`` failed in transit.
+
+    A finishing write is itself written later. A claim or takeover whose answer was
+    lost may still have landed under this call's owner token: undo it (fenced, so
+    it does nothing if it did not land), or the call would look running forever.
+    """
+    if isinstance(effect, Claim):
+        return Release(effect.key, effect.owner)
+    if isinstance(effect, Takeover):
+        return Complete(effect.key, effect.owner, Status.IN_DOUBT, None, effect.now)
+    return effect
 
 
 def _retrying_kwargs(ledger: Ledger) -> dict[str, Any]:

@@ -143,9 +143,14 @@ class PostgresServer:
 
 
 class RedisServer:
-    """A throwaway ``redis-server`` (no persistence) in a temporary directory, on a free port."""
+    """A throwaway ``redis-server`` in a temporary directory, on a free port.
 
-    def __init__(self) -> None:
+    No persistence unless ``persistent`` (an append-only file, fsynced on every write,
+    so that the data survives a restart as in a production setup).
+    """
+
+    def __init__(self, *, persistent: bool = False) -> None:
+        self.persistence = ["--appendonly", "yes", "--appendfsync", "always"] if persistent else ["--appendonly", "no"]
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise FileNotFoundError("redis-server not found (install redis-server, or set " + REDIS_ENV + ")")
@@ -157,7 +162,7 @@ class RedisServer:
     def start(self) -> None:
         assert self.binary is not None
         self._process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *self.persistence,
              "--dir", str(self.dir), "--logfile", str(self.dir / "log")],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -1,0 +1,106 @@
+"""Finishing writes the ledger refused, tried again in the background until it takes them.
+
+When a tool has run but its record (or the release of its claim) cannot be
+written because the ledger is down, the claim would otherwise stay ``running``
+under a live owner, and every replay would wait on it. So the write is kept and
+tried again, with a growing pause, until the ledger answers: then the record
+lands and replays return it. The queue is bounded in size and in age; what is
+dropped is logged with the call's ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+from ._core import Complete, Release
+from ._errors import describe
+from ._events import logger
+
+#: How many writes wait at most, and for how long, before they are given up.
+MAX_PENDING = 10_000
+MAX_AGE = 3600.0
+_FIRST_PAUSE, _LONGEST_PAUSE = 0.1, 5.0
+
+
+@dataclasses.dataclass(slots=True)
+class _Write:
+    effect: Complete | Release
+    ledger: Any
+    tool_name: str
+    since: float
+
+
+class PendingWrites:
+    def __init__(self) -> None:
+        self._writes: list[_Write] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def defer(self, effect: Complete | Release, ledger: Any, tool_name: str) -> None:
+        with self._lock:
+            if len(self._writes) >= MAX_PENDING:
+                dropped = self._writes.pop(0)
+                _give_up(dropped, "too many writes are waiting")
+            self._writes.append(_Write(effect, ledger, tool_name, time.monotonic()))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="replaysafe-pending-writes", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._writes)
+
+    def _run(self) -> None:
+        pause = _FIRST_PAUSE
+        while True:
+            self._wake.wait(pause)
+            self._wake.clear()
+            with self._lock:
+                writes = list(self._writes)
+            if not writes:
+                with self._lock:
+                    if not self._writes:
+                        self._thread = None
+                        return
+                continue
+            progress = False
+            for write in writes:
+                if time.monotonic() - write.since > MAX_AGE:
+                    _give_up(write, f"the ledger did not answer for {MAX_AGE:g}s")
+                    self._forget(write)
+                    continue
+                try:
+                    written = write.effect.on(write.ledger)
+                except Exception:
+                    continue  # still down: try again after a pause
+                progress = True
+                self._forget(write)
+                logger.warning(
+                    "%s: a %s that had failed was written now that the ledger answers%s",
+                    describe(write.tool_name, write.effect.key),
+                    type(write.effect).__name__.lower(),
+                    "" if written else " (its claim had been taken over meanwhile)",
+                )
+            pause = _FIRST_PAUSE if progress else min(pause * 2, _LONGEST_PAUSE)
+
+    def _forget(self, write: _Write) -> None:
+        with self._lock:
+            if write in self._writes:
+                self._writes.remove(write)
+
+
+def _give_up(write: _Write, why: str) -> None:
+    logger.error(
+        "%s: gave up writing a %s (%s); the call stays claimed until its owner process ends or its lease runs out",
+        describe(write.tool_name, write.effect.key),
+        type(write.effect).__name__.lower(),
+        why,
+    )
+
+
+pending_writes = PendingWrites()

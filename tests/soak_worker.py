@@ -1,0 +1,61 @@
+"""One soak worker process, run as ``python tests/soak_worker.py URL AUDIT RSS INDEX WORKERS KEYS SEED``.
+
+It calls the protected ``charge(n)`` for its share of KEYS keys (n = INDEX, INDEX +
+WORKERS, ...), and after about one call in twenty replays an earlier key. The tool
+appends ``n attempt pid`` to the AUDIT log before returning. Every 200 calls the
+worker appends ``pid calls rss_bytes`` to RSS. A worker SIGKILLed and started again
+goes through its keys from the start: finished ones replay.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+from replaysafe import current_call, open_ledger, replay_safe, tool_call
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def append(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def main(url: str, audit: str, rss: str, index: int, workers: int, keys: int, seed: int) -> None:
+    ledger = open_ledger(url)
+    rng = random.Random(seed)
+
+    @replay_safe(ledger=ledger, timeout=None)
+    def charge(n: int) -> str:
+        info = current_call()
+        assert info is not None
+        append(audit, f"{n} {info.attempt} {os.getpid()}")
+        return f"charged {n}"
+
+    mine = list(range(index, keys, workers))
+    calls = 0
+    for position, n in enumerate(mine):
+        targets = [n]
+        if position and rng.random() < 0.05:
+            targets.append(mine[rng.randrange(position)])  # a replay of an earlier call
+        for target in targets:
+            with tool_call("soak", f"msg_{target}", "call_1"):
+                result = charge(target)
+            if result != f"charged {target}":
+                raise SystemExit(f"key {target} replayed {result!r}")
+            calls += 1
+            if calls % 200 == 0:
+                append(rss, f"{os.getpid()} {calls} {rss_bytes()}")
+
+
+if __name__ == "__main__":
+    url, audit, rss, index, workers, keys, seed = sys.argv[1:]
+    main(url, audit, rss, int(index), int(workers), int(keys), int(seed))
