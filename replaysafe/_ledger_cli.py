@@ -294,11 +294,7 @@ def _purge(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO)
         if purge_expired is None:
             print("this ledger expires records by itself (a Redis TTL): nothing to purge", file=out)
             return EXIT_OK
-        if args.dry_run:
-            now = utcnow()
-            count = sum(1 for r in _all_records(ledger) if r.expires_at is not None and r.expires_at <= now)
-        else:
-            count = purge_expired(batch_size=max(1, args.batch_size))
+        count = purge_expired(batch_size=max(1, args.batch_size), dry_run=args.dry_run)
         print(f"{verb} {count} expired record(s)", file=out)
         return EXIT_OK
     if args.thread is not None:
@@ -319,10 +315,6 @@ def _purge(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO)
         print(f"{verb} {total} of {len(doomed)}", file=out)
     print(f"{verb} {total} finished record(s) not updated since {cutoff.isoformat()}", file=out)
     return EXIT_OK
-
-
-def _all_records(ledger: Ledger) -> Iterable[Record]:
-    return ledger.records()
 
 
 def _stats(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from replaysafe import CallKey, Ledger, replay_safe, tool_call
+from replaysafe import CallKey, Ledger, open_ledger, replay_safe, tool_call
 
 CHILD = str(Path(__file__).with_name("child.py"))
 
@@ -159,3 +159,23 @@ def test_help_everywhere(command: list[str]) -> None:
     done = cli(*command, "--help")
     assert done.returncode == 0
     assert "usage: replaysafe" in done.stdout
+
+
+def test_purge_expired(durable_ledger_url: str) -> None:
+    """Records past their ttl are counted by --dry-run and deleted by purge --expired (Redis expires its own)."""
+    import time
+
+    url = f"{durable_ledger_url}{'&' if '?' in durable_ledger_url else '?'}ttl=1"
+    with open_ledger(url) as ledger, tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", "c"):
+        replay_safe(ledger=ledger, name="short_lived")(lambda: 1)()
+    time.sleep(1.2)
+    dry = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired", "--dry-run")
+    real = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired")
+    assert (dry.returncode, real.returncode) == (0, 0), dry.stderr + real.stderr
+    if durable_ledger_url.startswith("redis"):
+        assert "expires records by itself" in real.stdout
+    else:
+        assert "would delete 1 expired record(s)" in dry.stdout
+        assert "deleted 1 expired record(s)" in real.stdout
+        again = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired", "--dry-run")
+        assert "would delete 0 expired record(s)" in again.stdout

@@ -337,15 +337,19 @@ class SqlLedger(LedgerBase):
         with self.engine.connect() as conn:
             return int(conn.execute(sa.delete(self.table).where(self.table.c.thread_id == thread_id)).rowcount)
 
-    def purge_expired(self, *, batch_size: int = 1000) -> int:
+    def purge_expired(self, *, batch_size: int = 1000, dry_run: bool = False) -> int:
         """Delete the records whose ttl ran out, ``batch_size`` per statement; returns how many.
 
         Expired records already count as absent; this only reclaims their space.
+        ``dry_run`` only counts them.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
         now = utcnow()
         expired = self.table.c.expires_at <= now
+        if dry_run:
+            with self.engine.connect() as conn:
+                return int(conn.execute(sa.select(sa.func.count()).select_from(self.table).where(expired)).scalar_one())
         batch = sa.select(self.table.c.call_key).where(expired).limit(batch_size).scalar_subquery()
         # ``expired`` again on the DELETE itself: a claim may have replaced the
         # row since the subquery read it, and the new record must stay.
