@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, Union
 
 from ._errors import ResultEncodingError
+from ._json import json_encoder
 
 _TAG = "__replaysafe__"
 _TAG_MARK = f'"{_TAG}"'
@@ -98,7 +99,9 @@ def _escape_tag_keys(value: Any) -> Any:
 class JsonSerializer:
     """The default serializer: compact JSON, ASCII-only so any store accepts it."""
 
-    _encode = json.JSONEncoder(separators=(",", ":"), default=_encode_default).encode
+    _encode = staticmethod(
+        json_encoder(default=_encode_default, sort_keys=False, ensure_ascii=True, separators=(",", ":"))
+    )
 
     def dumps(self, value: Any, /) -> str:
         try:

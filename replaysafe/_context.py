@@ -75,14 +75,19 @@ class CallInfo:
     tool_name: str
     #: 1 for the first execution; +1 each time an in-doubt call is taken over.
     attempt: int
-    #: The same on every attempt and replay of this call: hand it to your provider.
-    idempotency_key: str
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def key(self) -> CallKey:
         return CallKey(self.thread_id, self.message_id, self.tool_call_id)
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same on every attempt and replay of this call: hand it to your provider."""
+        from ._identity import call_idempotency_key  # computed only when asked for: it costs a digest
+
+        return call_idempotency_key(self.thread_id, self.message_id, self.tool_call_id, self.tool_name)
 
 
 _scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar("replaysafe_scope", default=None)

@@ -37,7 +37,7 @@ from ._errors import (
     ToolTimeoutError,
     describe,
 )
-from ._events import EventKind, emit
+from ._events import EventKind, emit, wanted
 from ._identity import call_idempotency_key, owner_alive, owner_token
 from ._records import CallKey, ClaimResult, Record, Status
 from ._sealing import Sealer, unsealed
@@ -296,7 +296,6 @@ def _call_info(
         tool_call_id=key.tool_call_id,
         tool_name=spec.name,
         attempt=attempt,
-        idempotency_key=call_idempotency_key(*key, spec.name),
         args=args,
         kwargs=kwargs,
     )
@@ -348,13 +347,14 @@ def begin(
                     key=key,
                 )
                 return _unprotected(spec, key, unreadable, args, kwargs, timeout)
-            emit(
-                EventKind.REPLAYED,
-                f"{describe(spec.name, key)} replayed its recorded result",
-                tool_name=spec.name,
-                key=key,
-                attempt=record.attempt,
-            )
+            if wanted(EventKind.REPLAYED):  # the hot path: build no message nobody reads
+                emit(
+                    EventKind.REPLAYED,
+                    f"{describe(spec.name, key)} replayed its recorded result",
+                    tool_name=spec.name,
+                    key=key,
+                    attempt=record.attempt,
+                )
             return Replay(value)
         if verdict is Verdict.RAISE_RECORDED:
             emit(
@@ -508,6 +508,8 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
             raise LedgerError(message, tool_name=spec.name, key=key, result=result) from exc
         return
     yield from _finish(spec, run, Status.COMPLETED, encoded, fail_closed=True, result=result)
+    if not wanted(EventKind.EXECUTED):
+        return
     emit(
         EventKind.EXECUTED,
         f"{describe(spec.name, key)} ran and its result is recorded",

@@ -33,7 +33,16 @@ _warned_no_ledger = False
 class _Tool:
     """One decorated tool: its protocol settings and how its arguments bind."""
 
-    __slots__ = ("_signatures", "exclude_args", "ledger", "on_missing_ids", "spec", "timeout", "warned_missing")
+    __slots__ = (
+        "_binders",
+        "_signatures",
+        "exclude_args",
+        "ledger",
+        "on_missing_ids",
+        "spec",
+        "timeout",
+        "warned_missing",
+    )
 
     def __init__(
         self,
@@ -56,12 +65,17 @@ class _Tool:
         parameters = list(signature.parameters.values())
         # Called through an instance or class, wrapt hands us args without self/cls.
         self._signatures = (signature, signature.replace(parameters=parameters[1:]))
+        self._binders = (_Binder.of(parameters), _Binder.of(parameters[1:]))
 
     def digest(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
         """Bind the call's arguments by name (defaults applied) and digest them."""
-        bound = self._signatures[instance is not None].bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = bound.arguments
+        method = instance is not None
+        binder = self._binders[method]
+        arguments = binder.bind(args, kwargs) if binder is not None else None
+        if arguments is None:  # the general case, and every call the function would reject
+            bound = self._signatures[method].bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = bound.arguments
         for name in self.exclude_args:
             arguments.pop(name, None)
         return args_digest(arguments, tool_name=self.spec.name)
@@ -113,6 +127,52 @@ class _Tool:
         if not self.warned_missing:
             self.warned_missing = True
             warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
+
+
+class _Binder:
+    """``inspect.Signature.bind`` for the common signature, several times faster.
+
+    Only for parameters without ``*args``/``**kwargs``; it gives the same mapping as
+    ``bind`` + ``apply_defaults``, and ``None`` for any call it is not sure of, so
+    that ``bind`` handles it (and raises the function's own ``TypeError``).
+    """
+
+    __slots__ = ("defaults", "keywords", "positional", "required")
+
+    def __init__(
+        self, positional: tuple[str, ...], keywords: frozenset[str], defaults: dict[str, Any], required: frozenset[str]
+    ) -> None:
+        self.positional = positional
+        self.keywords = keywords
+        self.defaults = defaults
+        self.required = required
+
+    @classmethod
+    def of(cls, parameters: list[inspect.Parameter]) -> _Binder | None:
+        kinds = {p.kind for p in parameters}
+        if inspect.Parameter.VAR_POSITIONAL in kinds or inspect.Parameter.VAR_KEYWORD in kinds:
+            return None
+        positional = tuple(
+            p.name
+            for p in parameters
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        )
+        keywords = frozenset(p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+        required = frozenset(p.name for p in parameters if p.default is inspect.Parameter.empty)
+        return cls(positional, keywords, defaults, required)
+
+    def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+        if len(args) > len(self.positional) or not kwargs.keys() <= self.keywords:
+            return None
+        arguments = dict(zip(self.positional, args, strict=False))  # fewer args than names: fine
+        if kwargs:
+            if not arguments.keys().isdisjoint(kwargs):
+                return None  # given twice
+            arguments.update(kwargs)
+        for name, default in self.defaults.items():
+            arguments.setdefault(name, default)
+        return arguments if self.required <= arguments.keys() else None
 
 
 def _warn_no_ledger(tool_name: str) -> None:

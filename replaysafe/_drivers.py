@@ -7,6 +7,7 @@ outcome (or throw its exception back in).
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # CPython's C half of the signal module
 import asyncio
 import concurrent.futures
 import contextvars
@@ -161,13 +162,20 @@ def _timeout_error(spec: ToolSpec, run: Run, *, still_running: bool) -> ToolTime
     )
 
 
+_HAS_ALARM = hasattr(signal, "setitimer")
+# The C functions below ``signal.signal``/``getsignal``: the Python wrappers convert to and
+# from enums on every call, which costs more than the timer itself.
+_set_handler: Any = getattr(_signal, "signal", None)
+_get_handler: Any = getattr(_signal, "getsignal", None)
+
+
 def _alarm_is_ours_to_use() -> bool:
     """SIGALRM interrupts a tool cheaply, but only the main thread gets signals, and only
     when nobody else uses SIGALRM or its timer."""
     return (
-        hasattr(signal, "setitimer")
+        _HAS_ALARM
         and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+        and _get_handler(signal.SIGALRM) in (signal.SIG_DFL, None)
         and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     )
 
@@ -178,7 +186,7 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 def _run_with_alarm(spec: ToolSpec, run: Run, wrapped: Callable[..., Any]) -> Any:
     assert run.timeout is not None
-    previous = signal.signal(signal.SIGALRM, _on_alarm)
+    previous = _set_handler(signal.SIGALRM, _on_alarm)
     try:
         # Armed around the tool body only, never around ledger I/O.
         signal.setitimer(signal.ITIMER_REAL, run.timeout)
@@ -189,7 +197,7 @@ def _run_with_alarm(spec: ToolSpec, run: Run, wrapped: Callable[..., Any]) -> An
     except _Deadline:
         raise _timeout_error(spec, run, still_running=False) from None
     finally:
-        signal.signal(signal.SIGALRM, previous)
+        _set_handler(signal.SIGALRM, previous)
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None

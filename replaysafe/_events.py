@@ -94,6 +94,11 @@ def on_event(handler: EventHandler) -> Callable[[], None]:
     return unsubscribe
 
 
+def wanted(kind: EventKind) -> bool:
+    """Whether anyone listens for ``kind``: lets the hot path skip building a message."""
+    return bool(_handlers) or logger.isEnabledFor(_LEVELS[kind])
+
+
 def emit(
     kind: EventKind,
     message: str,

@@ -9,7 +9,6 @@ import decimal
 import enum
 import hashlib
 import itertools
-import json
 import os
 import socket
 import uuid
@@ -17,12 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import ArgumentDigestError
+from ._json import json_encoder
 
 # Canonical JSON: sorted keys, no whitespace, unicode kept as is. Equal data gives
 # equal bytes in every process, whatever the hash seed.
-_canonical = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True, default=lambda o: _canonical_default(o)
-).encode
+_canonical = json_encoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=lambda o: _canonical_default(o)
+)
 
 
 def _canonical_default(obj: Any) -> Any:

@@ -72,7 +72,19 @@ class MemoryLedger(LedgerBase):
             # A retried write finds its own finished record: still a success.
             if found is None or found.owner != owner or found.status not in (Status.RUNNING, status):
                 return False
-            self._records[key] = dataclasses.replace(found, status=status, result=result, updated_at=now)
+            self._records[key] = Record(
+                key,
+                found.tool_name,
+                found.args_digest,
+                status,
+                result,
+                owner,
+                found.attempt,
+                found.created_at,
+                now,
+                found.lease_expires_at,
+                found.expires_at,
+            )
             return True
 
     def release(self, key: CallKey, *, owner: str) -> bool:
