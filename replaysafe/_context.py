@@ -6,8 +6,8 @@ import contextvars
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ._records import CallKey
 
@@ -65,8 +65,7 @@ class NodeScope:
     tool_timeout: float | None = UNSET
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class CallInfo:
+class CallInfo(NamedTuple):
     """A protected call as its tool (``current_call()``) and a reconciler see it."""
 
     thread_id: str
@@ -76,7 +75,7 @@ class CallInfo:
     #: 1 for the first execution; +1 each time an in-doubt call is taken over.
     attempt: int
     args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    kwargs: Mapping[str, Any] = MappingProxyType({})
 
     @property
     def key(self) -> CallKey:

@@ -172,32 +172,45 @@ _get_handler: Any = getattr(_signal, "getsignal", None)
 def _alarm_is_ours_to_use() -> bool:
     """SIGALRM interrupts a tool cheaply, but only the main thread gets signals, and only
     when nobody else uses SIGALRM or its timer."""
-    return (
-        _HAS_ALARM
-        and threading.current_thread() is threading.main_thread()
-        and _get_handler(signal.SIGALRM) in (signal.SIG_DFL, None)
-        and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    )
+    if not _HAS_ALARM or threading.current_thread() is not threading.main_thread():
+        return False
+    handler = _get_handler(signal.SIGALRM)
+    if handler is _on_alarm:
+        return True
+    if handler in (signal.SIG_DFL, None) and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0):
+        # Installed once and left in place (installing it for every call would cost more
+        # than the timer): it acts only while a tool runs, and is the default otherwise.
+        _set_handler(signal.SIGALRM, _on_alarm)
+        return True
+    return False
+
+
+#: True while a tool body runs under our timer (only the main thread arms it).
+_armed = False
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
-    raise _Deadline
+    if _armed:
+        raise _Deadline
+    # Not our alarm: do what SIGALRM does without us (end the process).
+    _set_handler(signal.SIGALRM, _signal.SIG_DFL)
+    signal.raise_signal(signal.SIGALRM)
 
 
 def _run_with_alarm(spec: ToolSpec, run: Run, wrapped: Callable[..., Any]) -> Any:
+    global _armed
     assert run.timeout is not None
-    previous = _set_handler(signal.SIGALRM, _on_alarm)
     try:
         # Armed around the tool body only, never around ledger I/O.
+        _armed = True
         signal.setitimer(signal.ITIMER_REAL, run.timeout)
         try:
             return wrapped(*run.call.args, **run.call.kwargs)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            _armed = False
     except _Deadline:
         raise _timeout_error(spec, run, still_running=False) from None
-    finally:
-        _set_handler(signal.SIGALRM, previous)
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None

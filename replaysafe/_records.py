@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from datetime import datetime
 from typing import NamedTuple
@@ -35,9 +34,8 @@ class CallKey(NamedTuple):
         return f"thread_id={self.thread_id!r} message_id={self.message_id!r} tool_call_id={self.tool_call_id!r}"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Record:
-    """One row of a ledger."""
+class Record(NamedTuple):
+    """One row of a ledger (a named tuple: cheap to build on the hot path)."""
 
     key: CallKey
     tool_name: str
@@ -54,6 +52,18 @@ class Record:
     lease_expires_at: datetime
     #: When a finished record stops counting (``ttl``); ``None`` keeps it forever.
     expires_at: datetime | None = None
+
+    def taken_over_by(self, owner: str, now: datetime, lease_expires_at: datetime) -> Record:
+        """The record a successful ``takeover`` of this one stores: running again, attempt + 1."""
+        return self._replace(
+            status=Status.RUNNING,
+            result=None,
+            owner=owner,
+            attempt=self.attempt + 1,
+            updated_at=now,
+            lease_expires_at=lease_expires_at,
+            expires_at=None,
+        )
 
 
 class ClaimResult(NamedTuple):

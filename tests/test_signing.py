@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
@@ -51,7 +50,7 @@ def tamper_memory(ledger: Ledger, key: CallKey, fields: dict[str, Any]) -> None:
     """Replace the record in the memory ledger's own store."""
     assert isinstance(ledger, MemoryLedger)
     changes = {("status" if k == "status" else k): (Status(v) if k == "status" else v) for k, v in fields.items()}
-    ledger._records[key] = dataclasses.replace(ledger._records[key], **changes)
+    ledger._records[key] = ledger._records[key]._replace(**changes)
 
 
 def tamper_postgres(server_url: str) -> Tamper:

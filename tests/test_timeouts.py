@@ -68,9 +68,8 @@ def test_sync_tool_in_the_main_thread_is_interrupted(ledger: Ledger) -> None:
     record = ledger.get(key)
     assert record is not None
     assert record.status is Status.IN_DOUBT
-    # The timer and handler are gone: nothing fires later.
+    # The timer is disarmed: nothing fires later.
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
 
 
 def test_sync_tool_off_the_main_thread_completes_late_and_is_recorded(ledger: Ledger) -> None:
@@ -331,3 +330,23 @@ def test_someone_elses_sigalrm_is_left_alone(memory_ledger: MemoryLedger) -> Non
     finally:
         signal.signal(signal.SIGALRM, previous)
     assert fired == []
+
+
+def test_sigalrm_keeps_its_default_outside_protected_calls(tmp_path: Any) -> None:
+    """After protected calls used the timer, a stray SIGALRM still ends the process, as by default."""
+    import subprocess
+    import sys
+
+    code = (
+        "import signal\n"
+        "from replaysafe import MemoryLedger, replay_safe, tool_call\n"
+        "@replay_safe(ledger=MemoryLedger(), timeout=5)\n"
+        "def tool():\n    return 1\n"
+        "with tool_call('t', 'm', 'c'):\n    tool()\n"
+        "print('called', flush=True)\n"
+        "signal.raise_signal(signal.SIGALRM)\n"
+        "print('survived', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout == "called\n"
+    assert done.returncode == -signal.SIGALRM

@@ -280,18 +280,7 @@ class SqlLedger(LedgerBase):
         with self.engine.connect() as conn:
             if conn.execute(statement).rowcount != 1:
                 return None
-        return Record(
-            key=record.key,
-            tool_name=record.tool_name,
-            args_digest=record.args_digest,
-            status=Status.RUNNING,
-            result=None,
-            owner=owner,
-            attempt=record.attempt + 1,
-            created_at=record.created_at,
-            updated_at=now,
-            lease_expires_at=lease_expires_at,
-        )
+        return record.taken_over_by(owner, now, lease_expires_at)
 
     def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
         c = self.table.c

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterable, Iterator
 from datetime import datetime
@@ -54,15 +53,7 @@ class MemoryLedger(LedgerBase):
         with self._lock:
             if self._records.get(record.key) != record:
                 return None
-            new = dataclasses.replace(
-                record,
-                status=Status.RUNNING,
-                result=None,
-                owner=owner,
-                attempt=record.attempt + 1,
-                updated_at=now,
-                lease_expires_at=lease_expires_at,
-            )
+            new = record.taken_over_by(owner, now, lease_expires_at)
             self._records[record.key] = new
             return new
 

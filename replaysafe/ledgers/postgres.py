@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime as dt
 import hashlib
 import select
@@ -124,20 +123,6 @@ def _record(key: CallKey, row: Sequence[Any]) -> Record:
         updated_at=_utc(row[7]),
         lease_expires_at=_utc(row[8]),
         expires_at=_utc(row[9]) if row[9] is not None else None,
-    )
-
-
-def _taken_over(record: Record, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record:
-    """The record a successful ``takeover`` stored."""
-    return dataclasses.replace(
-        record,
-        status=Status.RUNNING,
-        result=None,
-        owner=owner,
-        attempt=record.attempt + 1,
-        updated_at=now,
-        lease_expires_at=lease_expires_at,
-        expires_at=None,
     )
 
 
@@ -406,7 +391,7 @@ class PostgresLedger(SqlLedger):
             cursor.execute(self._statements["takeover"], _takeover_params(record, owner, now, lease_expires_at))
             if cursor.rowcount != 1:
                 return None
-        return _taken_over(record, owner, now, lease_expires_at)
+        return record.taken_over_by(owner, now, lease_expires_at)
 
     def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
         with self._cursor() as cursor:
@@ -591,7 +576,7 @@ class _AsyncPostgresLedger:
             await cursor.execute(self._statements["takeover"], _takeover_params(record, owner, now, lease_expires_at))
             if cursor.rowcount != 1:
                 return None
-        return _taken_over(record, owner, now, lease_expires_at)
+        return record.taken_over_by(owner, now, lease_expires_at)
 
     async def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
         params = self._ledger._complete_params(key, owner, status, result, now)

@@ -15,7 +15,6 @@ of a script's text, only of its keys and arguments.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime as dt
 import re
 import typing
@@ -170,19 +169,6 @@ def _new_record(
         created_at=now,
         updated_at=now,
         lease_expires_at=lease_expires_at,
-    )
-
-
-def _taken_over(record: Record, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record:
-    return dataclasses.replace(
-        record,
-        status=Status.RUNNING,
-        result=None,
-        owner=owner,
-        attempt=record.attempt + 1,
-        updated_at=now,
-        lease_expires_at=lease_expires_at,
-        expires_at=None,
     )
 
 
@@ -407,7 +393,7 @@ class RedisLedger(LedgerBase):
     def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
         if self._script("takeover")(**self._takeover_args(record, owner, now, lease_expires_at)) != 1:
             return None
-        return _taken_over(record, owner, now, lease_expires_at)
+        return record.taken_over_by(owner, now, lease_expires_at)
 
     def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
         return bool(self._script("complete")(**self._complete_args(key, owner, status, result, now)) == 1)
@@ -524,7 +510,7 @@ class _AsyncRedisLedger:
         _, scripts = self._scripts()
         if await scripts["takeover"](**self._ledger._takeover_args(record, owner, now, lease_expires_at)) != 1:
             return None
-        return _taken_over(record, owner, now, lease_expires_at)
+        return record.taken_over_by(owner, now, lease_expires_at)
 
     async def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
         _, scripts = self._scripts()
