@@ -533,6 +533,8 @@ FALSY_AND_PLAIN = [
     -17,
     1.5,
     "héllo \x00 🚀",
+    float("inf"),
+    [float("-inf"), 1e308, -0.0],
     [1, "a", None, [2.5]],
     {"nested": {"a": [1, 2]}, "": 0},
 ]
