@@ -25,7 +25,7 @@ from typing import Any, Literal
 from . import _constants
 from ._clock import utcnow
 from ._codec import Reviver, Serializer, reviver_for
-from ._context import CallInfo, CallScope
+from ._context import CallInfo, CallScope, InDoubt
 from ._errors import (
     CallInDoubtError,
     CallInProgressError,
@@ -66,7 +66,6 @@ RERUN: Any = _Rerun()
 
 #: A reconciler gets the in-doubt call and returns its result, or ``RERUN``.
 Reconciler = Callable[[CallInfo], Any]
-InDoubtPolicy = Literal["rerun", "raise"] | Reconciler
 
 _UNRESOLVED: Any = object()
 
@@ -82,7 +81,7 @@ class ToolSpec:
     #: Seconds a claim is owned; ``None`` derives it from the call's timeout.
     lease: float | None
     wait_timeout: float
-    in_doubt: InDoubtPolicy = "rerun"
+    in_doubt: InDoubt = "rerun"
     max_result_bytes: int = _constants.MAX_RESULT_BYTES
     #: The tool function, whose return annotation says what type a replay rebuilds.
     function: Any = None
@@ -405,7 +404,7 @@ def begin(
         backoff = min(backoff * 2, _constants.WAIT_BACKOFF_MAX)
 
 
-def _report_in_doubt(spec: ToolSpec, record: Record, policy: InDoubtPolicy) -> None:
+def _report_in_doubt(spec: ToolSpec, record: Record, policy: InDoubt) -> None:
     then = {
         "rerun": f"Running it again as attempt {record.attempt + 1}; hand current_call().idempotency_key to the "
         "provider so it can dedupe.",
