@@ -53,6 +53,13 @@ class Record(NamedTuple):
     #: When a finished record stops counting (``ttl``); ``None`` keeps it forever.
     expires_at: datetime | None = None
 
+    @classmethod
+    def claimed(
+        cls, key: CallKey, tool_name: str, args_digest: str, owner: str, now: datetime, lease_expires_at: datetime
+    ) -> Record:
+        """The record a first claim of ``key`` stores: running, attempt 1."""
+        return cls(key, tool_name, args_digest, Status.RUNNING, None, owner, 1, now, now, lease_expires_at)
+
     def taken_over_by(self, owner: str, now: datetime, lease_expires_at: datetime) -> Record:
         """The record a successful ``takeover`` of this one stores: running again, attempt + 1."""
         return self._replace(

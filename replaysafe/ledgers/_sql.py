@@ -228,18 +228,7 @@ class SqlLedger(LedgerBase):
         now: dt.datetime,
         lease_expires_at: dt.datetime,
     ) -> ClaimResult:
-        record = Record(
-            key=key,
-            tool_name=tool_name,
-            args_digest=args_digest,
-            status=Status.RUNNING,
-            result=None,
-            owner=owner,
-            attempt=1,
-            created_at=now,
-            updated_at=now,
-            lease_expires_at=lease_expires_at,
-        )
+        record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
         values = self._values(record)
         insert = self._insert().values(values)
         # A record whose ttl ran out counts as absent: the claim replaces it atomically.

@@ -34,18 +34,7 @@ class MemoryLedger(LedgerBase):
             found = self._records.get(key)
             if found is not None:
                 return ClaimResult(found, False)
-            record = Record(
-                key=key,
-                tool_name=tool_name,
-                args_digest=args_digest,
-                status=Status.RUNNING,
-                result=None,
-                owner=owner,
-                attempt=1,
-                created_at=now,
-                updated_at=now,
-                lease_expires_at=lease_expires_at,
-            )
+            record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
             self._records[key] = record
             return ClaimResult(record, True)
 

@@ -155,23 +155,6 @@ def _record(key: CallKey, fields: dict[str, str]) -> Record:
     )
 
 
-def _new_record(
-    key: CallKey, tool_name: str, args_digest: str, owner: str, now: dt.datetime, lease_expires_at: dt.datetime
-) -> Record:
-    return Record(
-        key=key,
-        tool_name=tool_name,
-        args_digest=args_digest,
-        status=Status.RUNNING,
-        result=None,
-        owner=owner,
-        attempt=1,
-        created_at=now,
-        updated_at=now,
-        lease_expires_at=lease_expires_at,
-    )
-
-
 # Connection settings that mean the same to redis-py's sync and asyncio connections.
 _PORTABLE_SETTINGS = (
     "host", "port", "db", "username", "password", "path", "socket_timeout", "socket_connect_timeout",
@@ -387,7 +370,7 @@ class RedisLedger(LedgerBase):
     ) -> ClaimResult:
         reply = self._script("claim")(**self._claim_args(key, tool_name, args_digest, owner, now, lease_expires_at))
         if reply == 1:
-            return ClaimResult(_new_record(key, tool_name, args_digest, owner, now, lease_expires_at), True)
+            return ClaimResult(Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at), True)
         return ClaimResult(_record(key, _fields(reply)), False)
 
     def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
@@ -501,7 +484,7 @@ class _AsyncRedisLedger:
         args = self._ledger._claim_args(key, tool_name, args_digest, owner, now, lease_expires_at)
         reply = await scripts["claim"](**args)
         if reply == 1:
-            return ClaimResult(_new_record(key, tool_name, args_digest, owner, now, lease_expires_at), True)
+            return ClaimResult(Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at), True)
         return ClaimResult(_record(key, _fields(reply)), False)
 
     async def takeover(
