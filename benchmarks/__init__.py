@@ -1,0 +1,1 @@
+"""The replaysafe benchmark suite: ``python -m benchmarks`` (see benchmarks/README.md)."""

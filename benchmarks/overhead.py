@@ -1,0 +1,374 @@
+"""Sections 1-3: the cost of one protected call against the raw floor and against Powertools.
+
+Per ledger, every configuration (ours, floor and alternative; sync and async; miss
+and hit) runs one block of calls in every round, so the ratios are taken between
+blocks timed moments apart. A miss is a first execution (a fresh key every call),
+a hit a replay of a recorded call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from replaysafe import Ledger, MemoryLedger, PostgresLedger, RedisLedger, SqliteLedger, tool_call
+
+from . import _subjects as subjects
+from ._env import Scratch, libpq_url
+from ._stats import Block, differences, micros, paired_rounds, ratios, summary
+from .settings import Settings
+
+THREAD = "t"
+
+
+@dataclass
+class Group:
+    """One ledger's configurations, run in paired rounds."""
+
+    ledger: str
+    blocks: dict[str, Block]
+    rounds: int
+    #: (label, numerator, denominator) ratios to report, per round.
+    compare: list[tuple[str, str, str]]
+    closers: list[Callable[[], None]]
+    notes: list[str]
+    round_trips: dict[str, int] | None = None
+
+
+def _miss_ids(r: int, calls: int, tag: str) -> list[tuple[str, str, str]]:
+    return [(THREAD, f"{tag}{r}-{i}", "c") for i in range(calls)]
+
+
+def _hit_ids(calls: int, tag: str) -> list[tuple[str, str, str]]:
+    return [(THREAD, f"{tag}hit-{i}", "c") for i in range(calls)]
+
+
+def ours_sync(tool: Callable[[str], Any], ids: Callable[[int], list[tuple[str, str, str]]]) -> Block:
+    def block(r: int) -> float:
+        keys = ids(r)
+        start = time.perf_counter()
+        for thread_id, message_id, tool_call_id in keys:
+            with tool_call(thread_id, message_id, tool_call_id):
+                tool(subjects.ORDER_ID)
+        return time.perf_counter() - start
+
+    return block
+
+
+def ours_async(
+    loop: asyncio.AbstractEventLoop, tool: Callable[[str], Any], ids: Callable[[int], list[tuple[str, str, str]]]
+) -> Block:
+    async def run(r: int) -> float:
+        keys = ids(r)
+        start = time.perf_counter()
+        for thread_id, message_id, tool_call_id in keys:
+            async with tool_call(thread_id, message_id, tool_call_id):
+                await tool(subjects.ORDER_ID)
+        return time.perf_counter() - start
+
+    return lambda r: loop.run_until_complete(run(r))
+
+
+def raw_sync(operation: Callable[[str], Any], names: Callable[[int], list[str]]) -> Block:
+    def block(r: int) -> float:
+        keys = names(r)
+        start = time.perf_counter()
+        for name in keys:
+            operation(name)
+        return time.perf_counter() - start
+
+    return block
+
+
+def raw_async(
+    loop: asyncio.AbstractEventLoop,
+    operation: Callable[[str], Coroutine[Any, Any, Any]],
+    names: Callable[[int], list[str]],
+) -> Block:
+    async def run(r: int) -> float:
+        keys = names(r)
+        start = time.perf_counter()
+        for name in keys:
+            await operation(name)
+        return time.perf_counter() - start
+
+    return lambda r: loop.run_until_complete(run(r))
+
+
+def bare_sync(calls: int) -> Block:
+    def block(r: int) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            subjects.refund_body(subjects.ORDER_ID)
+        return time.perf_counter() - start
+
+    return block
+
+
+def bare_async(loop: asyncio.AbstractEventLoop, calls: int) -> Block:
+    async def run() -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            await subjects.arefund_body(subjects.ORDER_ID)
+        return time.perf_counter() - start
+
+    return lambda r: loop.run_until_complete(run())
+
+
+def json_reference(calls: int) -> Block:
+    """The machine's speed in the same rounds: ``json.loads(json.dumps(result))`` of the tool's small dict."""
+    result = subjects.refund_body(subjects.ORDER_ID)
+
+    def block(r: int) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            json.loads(json.dumps(result))
+        return time.perf_counter() - start
+
+    return block
+
+
+def powertools_block(alternative: subjects.Powertools, ids: Callable[[int], list[tuple[str, str, str]]]) -> Block:
+    def block(r: int) -> float:
+        keys = ids(r)
+        start = time.perf_counter()
+        for thread_id, message_id, tool_call_id in keys:
+            alternative(thread_id, message_id, tool_call_id)
+        return time.perf_counter() - start
+
+    return block
+
+
+def _record(tools: subjects.Tools, keys: list[tuple[str, str, str]]) -> None:
+    """Record calls (a first execution each), so that later calls of these keys are hits."""
+    for thread_id, message_id, tool_call_id in keys:
+        with tool_call(thread_id, message_id, tool_call_id):
+            tools.sync(subjects.ORDER_ID)
+
+
+def _ours(group: dict[str, Block], ledger: Ledger, loop: asyncio.AbstractEventLoop, calls: int) -> subjects.Tools:
+    """Our four configurations on ``ledger``; the hit keys are recorded first."""
+    tools = subjects.Tools(ledger)
+    _record(tools, _hit_ids(calls, "s"))
+    for thread_id, message_id, tool_call_id in _hit_ids(calls, "a"):
+
+        async def first(t: str = thread_id, m: str = message_id, c: str = tool_call_id) -> None:
+            async with tool_call(t, m, c):
+                await tools.aio(subjects.ORDER_ID)
+
+        loop.run_until_complete(first())
+    group["ours.sync.miss"] = ours_sync(tools.sync, lambda r: _miss_ids(r, calls, "s"))
+    group["ours.sync.hit"] = ours_sync(tools.sync, lambda r: _hit_ids(calls, "s"))
+    group["ours.async.miss"] = ours_async(loop, tools.aio, lambda r: _miss_ids(r, calls, "a"))
+    group["ours.async.hit"] = ours_async(loop, tools.aio, lambda r: _hit_ids(calls, "a"))
+    return tools
+
+
+def _floor(
+    group: dict[str, Block],
+    floor: subjects.Floor,
+    loop: asyncio.AbstractEventLoop,
+    calls: int,
+    name: Callable[[str], str],
+) -> None:
+    """The floor's four configurations; its hit records are written first."""
+    sync_hits = [name(f"shit-{i}") for i in range(calls)]
+    async_hits = [name(f"ahit-{i}") for i in range(calls)]
+    for key in sync_hits + async_hits:
+        floor.miss(key)
+    group["floor.sync.miss"] = raw_sync(floor.miss, lambda r: [name(f"s{r}-{i}") for i in range(calls)])
+    group["floor.sync.hit"] = raw_sync(floor.hit, lambda r: sync_hits)
+    group["floor.async.miss"] = raw_async(loop, floor.amiss, lambda r: [name(f"a{r}-{i}") for i in range(calls)])
+    group["floor.async.hit"] = raw_async(loop, floor.ahit, lambda r: async_hits)
+
+
+_OURS_VS_FLOOR = [
+    (f"{mode}.{kind}", f"ours.{mode}.{kind}", f"floor.{mode}.{kind}")
+    for mode in ("sync", "async")
+    for kind in ("miss", "hit")
+]
+
+
+def memory_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEventLoop) -> Group:
+    calls = settings.block
+    blocks: dict[str, Block] = {}
+    ledger = MemoryLedger()
+    _ours(blocks, ledger, loop, calls)
+    blocks["floor.sync"] = bare_sync(calls)
+    blocks["floor.async"] = bare_async(loop, calls)
+    blocks["reference.json"] = json_reference(calls)
+    compare = [
+        (f"{mode}.{kind}", f"ours.{mode}.{kind}", f"floor.{mode}")
+        for mode in ("sync", "async")
+        for kind in ("miss", "hit")
+    ]
+    closers: list[Callable[[], None]] = []
+    notes: list[str] = []
+    if subjects.powertools_available():
+        alternative = subjects.Powertools("dict")
+        for key in _hit_ids(calls, "p"):
+            alternative(*key)
+        blocks["powertools.sync.miss"] = powertools_block(alternative, lambda r: _miss_ids(r, calls, "p"))
+        blocks["powertools.sync.hit"] = powertools_block(alternative, lambda r: _hit_ids(calls, "p"))
+        compare += [
+            (f"vs-powertools.{kind}", f"ours.sync.{kind}", f"powertools.sync.{kind}") for kind in ("miss", "hit")
+        ]
+        if scratch.redis_url is not None:
+            cached = subjects.Powertools(
+                "redis+local-cache",
+                client=scratch.redis_client(decode_responses=True),
+                key_prefix=f"{scratch.prefix}-ptc",
+            )
+            for key in _hit_ids(calls, "c"):
+                cached(*key)
+            blocks["powertools-local-cache.sync.hit"] = powertools_block(cached, lambda r: _hit_ids(calls, "c"))
+            compare.append(("vs-powertools-local-cache.hit", "ours.sync.hit", "powertools-local-cache.sync.hit"))
+            closers.append(cached.close)
+    else:
+        notes.append("aws-lambda-powertools is not installed (pip install -e '.[bench]'): no alternative measured")
+    return Group("memory", blocks, settings.memory_rounds, compare, closers, notes)
+
+
+def sqlite_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEventLoop) -> Group:
+    calls = settings.block
+    blocks: dict[str, Block] = {}
+    path = scratch.directory / "overhead.db"
+    ledger = SqliteLedger(path)
+    _ours(blocks, ledger, loop, calls)
+    floor_path = scratch.directory / "overhead-floor.db"
+    subjects.create_floor_table(lambda table: SqliteLedger(floor_path, table=table))
+    floor = subjects.SqliteFloor(floor_path)
+    _floor(blocks, floor, loop, calls, lambda m: subjects.key_digest(THREAD, m, "c"))
+    return Group("sqlite", blocks, settings.rounds, list(_OURS_VS_FLOOR), [floor.close, ledger.close], [])
+
+
+def postgres_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEventLoop) -> Group:
+    assert scratch.postgres_url is not None
+    calls = settings.block
+    blocks: dict[str, Block] = {}
+    ledger = PostgresLedger(scratch.postgres_url, schema=scratch.schema)
+    _ours(blocks, ledger, loop, calls)
+    subjects.create_floor_table(
+        lambda table: PostgresLedger(scratch.postgres_url or "", schema=scratch.schema, table=table)
+    )
+    floor = subjects.PostgresFloor(libpq_url(scratch.postgres_url), scratch.schema)
+    _floor(blocks, floor, loop, calls, lambda m: subjects.key_digest(THREAD, m, "c"))
+
+    def close() -> None:
+        loop.run_until_complete(floor.aclose())
+        loop.run_until_complete(ledger.aclose())
+
+    return Group("postgres", blocks, settings.rounds, list(_OURS_VS_FLOOR), [close], [])
+
+
+def redis_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEventLoop) -> Group:
+    assert scratch.redis_url is not None
+    calls = settings.block
+    blocks: dict[str, Block] = {}
+    ledger = RedisLedger(scratch.redis_url, prefix=f"{scratch.prefix}:ours")
+    _ours(blocks, ledger, loop, calls)
+    floor = subjects.RedisFloor(scratch.redis_url)
+    _floor(blocks, floor, loop, calls, lambda m: f"{scratch.prefix}:floor:{{{THREAD}}}:{m}:c")
+    compare = list(_OURS_VS_FLOOR)
+    closers: list[Callable[[], None]] = []
+    notes: list[str] = []
+    if subjects.powertools_available():
+        alternative = subjects.Powertools(
+            "redis", client=scratch.redis_client(decode_responses=True), key_prefix=f"{scratch.prefix}-pt"
+        )
+        for key in _hit_ids(calls, "p"):
+            alternative(*key)
+        blocks["powertools.sync.miss"] = powertools_block(alternative, lambda r: _miss_ids(r, calls, "p"))
+        blocks["powertools.sync.hit"] = powertools_block(alternative, lambda r: _hit_ids(calls, "p"))
+        compare += [
+            (f"vs-powertools.{kind}", f"ours.sync.{kind}", f"powertools.sync.{kind}") for kind in ("miss", "hit")
+        ]
+        closers.append(alternative.close)
+    else:
+        notes.append("aws-lambda-powertools is not installed (pip install -e '.[bench]'): no alternative measured")
+
+    def close() -> None:
+        loop.run_until_complete(floor.aclose())
+        loop.run_until_complete(ledger.aclose())
+
+    closers.append(close)
+    return Group("redis", blocks, settings.rounds, compare, closers, notes, _redis_round_trips(scratch))
+
+
+def _redis_round_trips(scratch: Scratch) -> dict[str, int]:
+    """Requests each subject sends to Redis for one miss and one hit, counted on counting clients."""
+    assert scratch.redis_url is not None
+    counts: dict[str, int] = {}
+    client = subjects.counting_client(scratch.redis_url)
+    ledger = RedisLedger(client, prefix=f"{scratch.prefix}:count")
+    tools = subjects.Tools(ledger)
+    _call(tools, "warm")  # scripts loaded, connection open
+    counts["ours.miss"] = subjects.count_requests(lambda: _call(tools, "count"))
+    counts["ours.hit"] = subjects.count_requests(lambda: _call(tools, "count"))
+    floor = subjects.RedisFloor(scratch.redis_url, client)
+    name = f"{scratch.prefix}:count-floor"
+    counts["floor.miss"] = subjects.count_requests(lambda: floor.miss(name))
+    counts["floor.hit"] = subjects.count_requests(lambda: floor.hit(name))
+    if subjects.powertools_available():
+        counted = subjects.counting_client(scratch.redis_url, decode_responses=True)
+        alternative = subjects.Powertools("redis", client=counted, key_prefix=f"{scratch.prefix}-ptcount")
+        alternative(THREAD, "warm", "c")
+        counts["powertools.miss"] = subjects.count_requests(lambda: alternative(THREAD, "count", "c"))
+        counts["powertools.hit"] = subjects.count_requests(lambda: alternative(THREAD, "count", "c"))
+        alternative.close()
+    client.close()
+    return counts
+
+
+def _call(tools: subjects.Tools, message_id: str) -> None:
+    with tool_call(THREAD, message_id, "c"):
+        tools.sync(subjects.ORDER_ID)
+
+
+def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dict[str, Any]:
+    """Every ledger's paired rounds; returns the ``overhead``, ``floor`` and ``alternative`` sections."""
+    builders: list[tuple[str, Callable[..., Group], bool]] = [
+        ("memory", memory_group, True),
+        ("sqlite", sqlite_group, True),
+        ("postgres", postgres_group, scratch.postgres_url is not None),
+        ("redis", redis_group, scratch.redis_url is not None),
+    ]
+    overhead: dict[str, Any] = {}
+    floor: dict[str, Any] = {}
+    alternative: dict[str, Any] = {}
+    for name, build, available in builders:
+        if not available:
+            overhead[name] = {"skipped": f"no {name} server answered"}
+            continue
+        log(f"overhead: {name}")
+        loop = asyncio.new_event_loop()
+        group = build(settings, scratch, loop)
+        try:
+            per_call = paired_rounds(group.blocks, rounds=group.rounds, calls=settings.block, warmup=settings.warmup)
+        finally:
+            for close in group.closers:
+                close()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+        overhead[name] = {
+            "rounds": group.rounds,
+            "calls_per_block": settings.block,
+            "per_call_us": {config: micros(values) for config, values in per_call.items()},
+            "notes": group.notes,
+        }
+        if group.round_trips is not None:
+            overhead[name]["round_trips"] = group.round_trips
+        for label, numerator, denominator in group.compare:
+            entry = {
+                "ours": numerator,
+                "other": denominator,
+                "ratio": summary(ratios(per_call, numerator, denominator)),
+                "difference_us": micros(differences(per_call, numerator, denominator)),
+            }
+            target = alternative if label.startswith("vs-") else floor
+            target.setdefault(name, {})[label.removeprefix("vs-")] = entry
+    return {"overhead": overhead, "floor": floor, "alternative": alternative}
