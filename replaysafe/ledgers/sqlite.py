@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import functools
 import os
+import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -10,9 +15,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Engine
 
+from .._clock import utcnow
 from .._constants import TABLE_NAME
+from .._identity import key_digest
+from .._records import CallKey, ClaimResult, Record, Status
 from ._protocol import RetryPolicy, SigningKey
-from ._sql import SqlLedger
+from ._sql import _COLUMNS, SqlLedger
 
 
 class SqliteLedger(SqlLedger):
@@ -23,6 +31,8 @@ class SqliteLedger(SqlLedger):
     call returns, so it survives a ``kill -9`` and a power loss; ``"NORMAL"`` is
     faster and survives a ``kill -9`` but may lose the last records on power loss.
     """
+
+    transient_errors = (*SqlLedger.transient_errors, sqlite3.OperationalError)
 
     def __init__(
         self,
@@ -82,6 +92,7 @@ class SqliteLedger(SqlLedger):
 
         @sa.event.listens_for(engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.isolation_level = None  # autocommit, for the raw statements below too
             cursor = dbapi_connection.cursor()
             for pragma in pragmas:
                 cursor.execute(pragma)
@@ -89,5 +100,128 @@ class SqliteLedger(SqlLedger):
 
         return engine
 
-    def _insert(self) -> Any:
+    # --- the hot operations, as fixed SQL on the pooled sqlite3 connection --------------
+    # Building SQLAlchemy Core statements costs far more than SQLite takes to run them
+    # (hundreds of microseconds against a few). The text is fixed: values are bound as
+    # parameters, the table name is a validated identifier.
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[Any]:
+        connection = self.engine.raw_connection()
+        try:
+            cursor = connection.cursor()
+            try:
+                yield cursor
+            finally:
+                cursor.close()
+        finally:
+            connection.close()  # back to the pool
+
+    @functools.cached_property
+    def _sql(self) -> dict[str, str]:
+        table = f'"{self.table.name}"'
+        columns = ", ".join(("call_key", *_COLUMNS))
+        updates = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS)
+        return {
+            # A record whose ttl ran out counts as absent: the claim replaces it atomically.
+            "claim": f"INSERT INTO {table} ({columns}) VALUES ({', '.join('?' * (len(_COLUMNS) + 1))}) "
+            f"ON CONFLICT (call_key) DO UPDATE SET {updates} WHERE {table}.expires_at <= ?",
+            "read": f"SELECT {', '.join(_COLUMNS)} FROM {table} WHERE call_key = ?",
+            "get": f"SELECT {', '.join(_COLUMNS)} FROM {table} WHERE call_key = ? "
+            "AND (expires_at IS NULL OR expires_at > ?)",
+            "takeover": f"UPDATE {table} SET status = 'running', result = NULL, owner = ?, attempt = attempt + 1, "
+            "updated_at = ?, lease_expires_at = ?, expires_at = NULL "
+            "WHERE call_key = ? AND owner = ? AND attempt = ? AND status = ?",
+            # Fenced: only the claim's owner finishes it; a write tried again after a lost answer matches too.
+            "complete": f"UPDATE {table} SET status = ?, result = ?, updated_at = ?, expires_at = ? "
+            "WHERE call_key = ? AND owner = ? AND status IN ('running', ?)",
+            "release": f"DELETE FROM {table} WHERE call_key = ? AND owner = ? AND status = 'running'",
+        }
+
+    def claim(
+        self,
+        key: CallKey,
+        *,
+        tool_name: str,
+        args_digest: str,
+        owner: str,
+        now: dt.datetime,
+        lease_expires_at: dt.datetime,
+    ) -> ClaimResult:
+        record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
+        digest = key_digest(*key)
+        stamp = _stamp(now)
+        values = (digest, *key, tool_name, args_digest, "running", None, owner, 1, stamp, stamp)
+        params = (*values, _stamp(lease_expires_at), None, stamp)
+        with self._cursor() as cursor:
+            while True:
+                if cursor.execute(self._sql["claim"], params).rowcount == 1:
+                    return ClaimResult(record, True)
+                row = cursor.execute(self._sql["read"], (digest,)).fetchone()
+                if row is not None:
+                    return ClaimResult(_record(row), False)
+                # Released between our insert and our read: claim again.
+
+    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
+        params = (
+            owner,
+            _stamp(now),
+            _stamp(lease_expires_at),
+            key_digest(*record.key),
+            record.owner,
+            record.attempt,
+            record.status.value,
+        )
+        with self._cursor() as cursor:
+            if cursor.execute(self._sql["takeover"], params).rowcount != 1:
+                return None
+        return record.taken_over_by(owner, now, lease_expires_at)
+
+    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
+        expires_at = now + self.ttl if self.ttl is not None and status is not Status.IN_DOUBT else None
+        params = (status.value, result, _stamp(now), _stamp(expires_at), key_digest(*key), owner, status.value)
+        with self._cursor() as cursor:
+            return bool(cursor.execute(self._sql["complete"], params).rowcount == 1)
+
+    def release(self, key: CallKey, *, owner: str) -> bool:
+        with self._cursor() as cursor:
+            return bool(cursor.execute(self._sql["release"], (key_digest(*key), owner)).rowcount == 1)
+
+    def get(self, key: CallKey) -> Record | None:
+        with self._cursor() as cursor:
+            row = cursor.execute(self._sql["get"], (key_digest(*key), _stamp(utcnow()))).fetchone()
+        return _record(row) if row is not None else None
+
+    def _insert(self) -> Any:  # the statements the other operations build
         return sqlite.insert(self.table)
+
+
+def _stamp(moment: dt.datetime | None) -> str | None:
+    """A UTC time as SQLAlchemy stores a SQLite DATETIME, so both read each other's rows
+    (and the fixed width keeps text comparisons in time order)."""
+    if moment is None:
+        return None
+    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _time(text: str | None) -> dt.datetime | None:
+    return None if text is None else dt.datetime.fromisoformat(text).replace(tzinfo=dt.timezone.utc)
+
+
+def _record(row: Any) -> Record:
+    """A record from a row of ``_COLUMNS``."""
+    thread_id, message_id, tool_call_id, tool_name, args_digest, status, result, owner, attempt = row[:9]
+    created_at, updated_at, lease_expires_at, expires_at = (_time(t) for t in row[9:13])
+    return Record(
+        CallKey(thread_id, message_id, tool_call_id),
+        tool_name,
+        args_digest,
+        Status(status),
+        result,
+        owner,
+        attempt,
+        created_at,  # type: ignore[arg-type]
+        updated_at,  # type: ignore[arg-type]
+        lease_expires_at,  # type: ignore[arg-type]
+        expires_at,
+    )
