@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
@@ -44,8 +43,7 @@ def check_in_doubt(value: InDoubt | None, where: str) -> InDoubt | None:
     raise ValueError(f"{where}: in_doubt must be 'rerun', 'raise' or a reconciler function, got {value!r}")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class CallScope:
+class CallScope(NamedTuple):
     """What ``tool_call(...)`` sets: the key of the next protected call and its options."""
 
     key: CallKey
@@ -56,8 +54,7 @@ class CallScope:
     in_doubt: InDoubt | None = None
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class NodeScope:
+class NodeScope(NamedTuple):
     """What ``node(...)`` sets: a deadline shared by every protected call inside it."""
 
     #: ``time.monotonic()`` value at which the node's time runs out, or ``None``.
@@ -100,6 +97,9 @@ MAX_ID_BYTES = 65536
 
 def _check_id(name: str, value: object) -> str:
     """Ids are text every store keeps as is; anything else is refused before any I/O."""
+    # The common id, checked fast: short ASCII text without NUL.
+    if type(value) is str and len(value) <= MAX_ID_BYTES and value.isascii() and "\x00" not in value:
+        return value
     if value is None:
         return ""
     if not isinstance(value, str):
@@ -200,11 +200,11 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
             _check_id("tool_call_id", tool_call_id),
         )
         self.scope = CallScope(
-            key=key,
-            ledger=ledger,
-            pauses=tuple(pauses),
-            tool_timeout=timeout_setting(tool_timeout, "tool_timeout"),
-            in_doubt=check_in_doubt(in_doubt, "tool_call()"),
+            key,
+            ledger,
+            tuple(pauses) if pauses else (),
+            tool_timeout if tool_timeout is UNSET else timeout_setting(tool_timeout, "tool_timeout"),
+            None if in_doubt is None else check_in_doubt(in_doubt, "tool_call()"),
         )
 
     @classmethod

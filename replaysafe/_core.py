@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import time
 import typing
@@ -98,10 +99,15 @@ class ToolSpec:
     def lease_for(self, timeout: float | None) -> timedelta:
         """A claim outlives the tool's deadline, so a slow owner is not taken over early."""
         if self.lease is not None:
-            return timedelta(seconds=self.lease)
+            return _seconds(self.lease)
         if timeout:
-            return timedelta(seconds=timeout + _constants.LEASE_MARGIN)
-        return timedelta(seconds=_constants.LEASE)
+            return _seconds(timeout + _constants.LEASE_MARGIN)
+        return _seconds(_constants.LEASE)
+
+
+@functools.lru_cache(maxsize=256)
+def _seconds(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds)
 
 
 def _replayed_type(spec: ToolSpec) -> Any:

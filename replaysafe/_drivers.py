@@ -172,7 +172,7 @@ _get_handler: Any = getattr(_signal, "getsignal", None)
 def _alarm_is_ours_to_use() -> bool:
     """SIGALRM interrupts a tool cheaply, but only the main thread gets signals, and only
     when nobody else uses SIGALRM or its timer."""
-    if not _HAS_ALARM or threading.current_thread() is not threading.main_thread():
+    if not _HAS_ALARM or threading.get_ident() != threading.main_thread().ident:
         return False
     handler = _get_handler(signal.SIGALRM)
     if handler is _on_alarm:
