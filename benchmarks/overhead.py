@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from replaysafe import Ledger, MemoryLedger, PostgresLedger, RedisLedger, SqliteLedger, tool_call
+from replaysafe import Ledger, MemoryLedger, PostgresLedger, RedisLedger, SqliteLedger, replay_safe, tool_call
 
 from . import _subjects as subjects
 from ._env import Scratch, libpq_url
@@ -193,6 +194,33 @@ _OURS_VS_FLOOR = [
 ]
 
 
+def in_a_thread(block: Block) -> Block:
+    """``block`` run from a thread other than the main one (where no signal timer can be used)."""
+
+    def threaded(r: int) -> float:
+        elapsed: list[float] = []
+        worker = threading.Thread(target=lambda: elapsed.append(block(r)))
+        worker.start()
+        worker.join()
+        return elapsed[0]
+
+    return threaded
+
+
+def _timeout_mechanisms(blocks: dict[str, Block], ledger: Ledger, calls: int) -> list[tuple[str, str, str]]:
+    """The default timeout's cost on a first call: the SIGALRM timer, and the worker-thread hand-off."""
+    untimed = replay_safe(ledger=ledger, timeout=None, name="untimed")(subjects.refund_body)
+    timed = replay_safe(ledger=ledger, timeout=300, name="timed")(subjects.refund_body)
+    blocks["timeout.none.main.miss"] = ours_sync(untimed, lambda r: _miss_ids(r, calls, "tn"))
+    blocks["timeout.alarm.main.miss"] = ours_sync(timed, lambda r: _miss_ids(r, calls, "ta"))
+    blocks["timeout.none.thread.miss"] = in_a_thread(ours_sync(untimed, lambda r: _miss_ids(r, calls, "tu")))
+    blocks["timeout.worker.thread.miss"] = in_a_thread(ours_sync(timed, lambda r: _miss_ids(r, calls, "tw")))
+    return [
+        ("timeout.alarm", "timeout.alarm.main.miss", "timeout.none.main.miss"),
+        ("timeout.worker", "timeout.worker.thread.miss", "timeout.none.thread.miss"),
+    ]
+
+
 def memory_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEventLoop) -> Group:
     calls = settings.block
     blocks: dict[str, Block] = {}
@@ -206,6 +234,7 @@ def memory_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEve
         for mode in ("sync", "async")
         for kind in ("miss", "hit")
     ]
+    compare += _timeout_mechanisms(blocks, ledger, calls)
     closers: list[Callable[[], None]] = []
     notes: list[str] = []
     if subjects.powertools_available():

@@ -164,7 +164,23 @@ def _overhead_table(results: dict[str, Any]) -> list[str]:
             trips = ", ".join(f"{k} {v}" for k, v in data["round_trips"].items())
             lines.append(f"| {ledger} | | requests sent per call | {trips} | | | | | |")
     notes = [note for data in overhead.values() for note in data.get("notes", [])]
-    return [*lines, "", *(f"Note: {note}" for note in notes), ""]
+    lines += ["", *(f"Note: {note}" for note in notes), ""]
+    memory = _get(results, "floor", "memory") or {}
+    if "timeout.alarm" in memory:
+        lines += [
+            "### The default timeout's mechanism (memory ledger, sync, first call)",
+            "",
+            "Extra microseconds per call over the same tool with `timeout=None`.",
+            "",
+            "| where the call runs | mechanism | extra us | ratio |",
+            "|---|---|---|---|",
+            f"| main thread | SIGALRM interval timer | {_spread(memory['timeout.alarm']['difference_us'])} "
+            f"| {_spread(memory['timeout.alarm']['ratio'], 2)} |",
+            f"| another thread | pooled worker thread | {_spread(memory['timeout.worker']['difference_us'])} "
+            f"| {_spread(memory['timeout.worker']['ratio'], 2)} |",
+            "",
+        ]
+    return lines
 
 
 def _concurrency_table(results: dict[str, Any]) -> list[str]:
