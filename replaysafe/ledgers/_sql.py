@@ -22,7 +22,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .._clock import utcnow
 from .._identity import key_digest
-from .._records import CallKey, ClaimResult, Record, Status
+from .._records import CallKey, Record, Status
 from ._protocol import LedgerBase, RetryPolicy, SigningKey
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -205,11 +205,8 @@ class SqlLedger(LedgerBase):
             self._engine = None
             self._schema_ready = False
 
-    # --- the protocol ------------------------------------------------------------
-
-    def _insert(self) -> Any:
-        """The dialect's INSERT, with ``on_conflict_do_update``."""
-        raise NotImplementedError
+    # --- the protocol: the hot operations (claim, takeover, complete, release, get) are
+    # each dialect's own fixed SQL; the rest is shared SQLAlchemy Core ----------------
 
     def _where_key(self, key: CallKey) -> Any:
         return self.table.c.call_key == key_digest(*key)
@@ -217,86 +214,6 @@ class SqlLedger(LedgerBase):
     def _live(self, now: dt.datetime) -> Any:
         expires_at = self.table.c.expires_at
         return sa.or_(expires_at.is_(None), expires_at > now)
-
-    def claim(
-        self,
-        key: CallKey,
-        *,
-        tool_name: str,
-        args_digest: str,
-        owner: str,
-        now: dt.datetime,
-        lease_expires_at: dt.datetime,
-    ) -> ClaimResult:
-        record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
-        values = self._values(record)
-        insert = self._insert().values(values)
-        # A record whose ttl ran out counts as absent: the claim replaces it atomically.
-        insert = insert.on_conflict_do_update(
-            index_elements=[self.table.c.call_key],
-            set_={name: insert.excluded[name] for name in _COLUMNS},
-            where=self.table.c.expires_at <= now,
-        )
-        with self.engine.connect() as conn:
-            while True:
-                if conn.execute(insert).rowcount == 1:
-                    return ClaimResult(record, True)
-                row = conn.execute(sa.select(self.table).where(self._where_key(key))).first()
-                if row is not None:
-                    return ClaimResult(row_to_record(row), False)
-                # Released between our insert and our read: claim again.
-
-    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
-        c = self.table.c
-        statement = (
-            sa.update(self.table)
-            .where(
-                self._where_key(record.key),
-                c.owner == record.owner,
-                c.attempt == record.attempt,
-                c.status == record.status.value,
-            )
-            .values(
-                status=Status.RUNNING.value,
-                result=None,
-                owner=owner,
-                attempt=record.attempt + 1,
-                updated_at=now,
-                lease_expires_at=lease_expires_at,
-                expires_at=None,
-            )
-        )
-        with self.engine.connect() as conn:
-            if conn.execute(statement).rowcount != 1:
-                return None
-        return record.taken_over_by(owner, now, lease_expires_at)
-
-    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
-        c = self.table.c
-        expires_at = now + self.ttl if self.ttl is not None and status is not Status.IN_DOUBT else None
-        statement = (
-            sa.update(self.table)
-            # Fenced: only the claim's owner finishes it. Its own finished record
-            # matches too, so a write tried again after a lost answer succeeds.
-            .where(self._where_key(key), c.owner == owner, c.status.in_([Status.RUNNING.value, status.value]))
-            .values(status=status.value, result=result, updated_at=now, expires_at=expires_at)
-        )
-        with self.engine.connect() as conn:
-            return bool(conn.execute(statement).rowcount == 1)
-
-    def release(self, key: CallKey, *, owner: str) -> bool:
-        c = self.table.c
-        statement = sa.delete(self.table).where(
-            self._where_key(key), c.owner == owner, c.status == Status.RUNNING.value
-        )
-        with self.engine.connect() as conn:
-            return bool(conn.execute(statement).rowcount == 1)
-
-    def get(self, key: CallKey) -> Record | None:
-        statement = sa.select(self.table).where(self._where_key(key), self._live(utcnow()))
-        with self.engine.connect() as conn:
-            row = conn.execute(statement).first()
-        return row_to_record(row) if row is not None else None
 
     def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
         by_digest = {key_digest(*key): key for key in keys}
@@ -348,24 +265,6 @@ class SqlLedger(LedgerBase):
         with self.engine.connect() as conn:
             rows = conn.execute(statement).fetchall()
         return iter([row_to_record(row) for row in rows])
-
-    def _values(self, record: Record) -> dict[str, Any]:
-        return {
-            "call_key": key_digest(*record.key),
-            "thread_id": record.key.thread_id,
-            "message_id": record.key.message_id,
-            "tool_call_id": record.key.tool_call_id,
-            "tool_name": record.tool_name,
-            "args_digest": record.args_digest,
-            "status": record.status.value,
-            "result": record.result,
-            "owner": record.owner,
-            "attempt": record.attempt,
-            "created_at": record.created_at,
-            "updated_at": record.updated_at,
-            "lease_expires_at": record.lease_expires_at,
-            "expires_at": record.expires_at,
-        }
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Engine
 
 from .._clock import utcnow
@@ -191,9 +190,6 @@ class SqliteLedger(SqlLedger):
         with self._cursor() as cursor:
             row = cursor.execute(self._sql["get"], (key_digest(*key), _stamp(utcnow()))).fetchone()
         return _record(row) if row is not None else None
-
-    def _insert(self) -> Any:  # the statements the other operations build
-        return sqlite.insert(self.table)
 
 
 def _stamp(moment: dt.datetime | None) -> str | None:
