@@ -108,8 +108,13 @@ return redis.call('DEL', KEYS[1])
 """
 
 
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*")
+
+
 def _encode(value: str) -> str:
     """Percent-encode an id: only ``[A-Za-z0-9_.~-]`` stay, so the result holds no separator or glob character."""
+    if _UNRESERVED.fullmatch(value):  # the common id, which quoting would leave as it is
+        return value
     return urllib.parse.quote(value, safe="", encoding="utf-8", errors="surrogatepass")
 
 
