@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from replaysafe import CallKey, Ledger, Status
+import replaysafe
+from replaysafe import CallKey, Ledger, Status, replay_safe, tool_call
 from replaysafe.ledgers import Ledger as LedgerProtocol
 
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
@@ -211,3 +212,33 @@ async def test_async_claims_race(ledger: Ledger) -> None:
         )
     )
     assert sum(r.claimed for r in results) == 1
+
+
+async def test_async_tool_replays_across_ledger_objects(durable_ledger_url: str) -> None:
+    """An async tool recorded through one ledger object is replayed through another, never rerun."""
+    runs: list[str] = []
+
+    async def refund(order_id: str) -> dict[str, str]:
+        runs.append(order_id)
+        return {"refund": order_id}
+
+    for _ in range(2):
+        async with replaysafe.open_ledger(durable_ledger_url) as ledger:
+            tool = replay_safe(ledger=ledger)(refund)
+            async with tool_call("thread-1", "msg-1", "call-1"):
+                assert await tool("1042") == {"refund": "1042"}
+    assert runs == ["1042"]
+
+
+def test_two_event_loops_in_turn(ledger: Ledger) -> None:
+    """.aio works from one asyncio.run() after another (async connections are per loop)."""
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+
+    async def claim_one(n: int) -> bool:
+        key = CallKey(thread, "m", str(n))
+        found = await ledger.aio.claim(key, tool_name="t", args_digest="d", owner="o", now=NOW, lease_expires_at=LEASE)
+        return found.claimed
+
+    assert asyncio.run(claim_one(1))
+    assert asyncio.run(claim_one(2))
+    assert {r.key.tool_call_id for r in ledger.records(thread_id=thread)} == {"1", "2"}

@@ -308,36 +308,6 @@ async def test_async_takeover_release_and_fencing(pg: PostgresLedger) -> None:
     assert await pg.aio.get_many([key]) == {}
 
 
-async def test_async_tool_replays_across_ledgers(postgres_url: str) -> None:
-    """An async tool recorded through one ledger object is replayed through another, never rerun."""
-    runs: list[str] = []
-
-    async def refund(order_id: str) -> dict[str, str]:
-        runs.append(order_id)
-        return {"refund": order_id}
-
-    for _ in range(2):
-        async with replaysafe.open_ledger(postgres_url) as ledger:
-            tool = replay_safe(ledger=ledger)(refund)
-            async with tool_call("thread-1", "msg-1", "call-1"):
-                assert await tool("1042") == {"refund": "1042"}
-    assert runs == ["1042"]
-
-
-def test_two_event_loops_in_turn(pg: PostgresLedger) -> None:
-    """.aio works from one asyncio.run() after another (a pool per loop, closed with it)."""
-    import asyncio
-
-    async def claim_one(n: int) -> bool:
-        key = CallKey("t", "m", str(n))
-        found = await pg.aio.claim(key, tool_name="t", args_digest="d", owner="o", now=NOW, lease_expires_at=LEASE)
-        return found.claimed
-
-    assert asyncio.run(claim_one(1))
-    assert asyncio.run(claim_one(2))
-    assert {r.key.tool_call_id for r in pg.records()} == {"1", "2"}
-
-
 def test_schema_names_are_isolated(postgres_server_url: str) -> None:
     """Two schemas on one server are two ledgers."""
     schemas = [f"rs_{uuid.uuid4().hex[:12]}" for _ in range(2)]

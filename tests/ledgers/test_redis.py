@@ -13,7 +13,7 @@ import redis
 import redis.asyncio
 
 import replaysafe
-from replaysafe import CallKey, RedisLedger, Status, replay_safe, tool_call
+from replaysafe import CallKey, RedisLedger, Status
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
 LEASE = NOW + dt.timedelta(minutes=5)
@@ -224,35 +224,6 @@ async def test_async_takeover_release_and_fencing(rl: RedisLedger) -> None:
     assert not await rl.aio.release(key, owner="b")  # only a running record is released
     assert set(await rl.aio.get_many([key, CallKey("t", "m", "other")])) == {key}
     await rl.aclose()
-
-
-async def test_async_tool_replays_across_ledgers(redis_url: str) -> None:
-    """An async tool recorded through one ledger object is replayed through another, never rerun."""
-    runs: list[str] = []
-
-    async def refund(order_id: str) -> dict[str, str]:
-        runs.append(order_id)
-        return {"refund": order_id}
-
-    for _ in range(2):
-        async with replaysafe.open_ledger(redis_url) as ledger:
-            tool = replay_safe(ledger=ledger)(refund)
-            async with tool_call("thread-1", "msg-1", "call-1"):
-                assert await tool("1042") == {"refund": "1042"}
-    assert runs == ["1042"]
-
-
-def test_two_event_loops_in_turn(rl: RedisLedger) -> None:
-    """.aio works from one asyncio.run() after another: a client per loop, closed before its loop."""
-
-    async def claim_one(n: int) -> bool:
-        key = CallKey("t", "m", str(n))
-        found = await rl.aio.claim(key, tool_name="t", args_digest="d", owner="o", now=NOW, lease_expires_at=LEASE)
-        return found.claimed
-
-    assert asyncio.run(claim_one(1))
-    assert asyncio.run(claim_one(2))
-    assert {r.key.tool_call_id for r in rl.records()} == {"1", "2"}
 
 
 def test_prefixes_are_isolated(redis_url: str) -> None:
