@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import anyio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar, cast
 
+import anyio
 from mcp import ClientSession
 from mcp.types import CallToolResult, PaginatedRequestParams, Tool, ToolAnnotations
 
