@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import anyio
 import mcp_types as mt
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools.base import ToolResult
@@ -116,9 +117,13 @@ class ReplaySafeMiddleware(Middleware):
         server = THREAD_PREFIX + context.fastmcp_context.fastmcp.name
         where = f"tools/call {tool_name!r} with idempotency key {key[:80]!r} on server {server!r}"
         try:
-            async with tool_call(server, tool_name, key, ledger=self.ledger):
-                protected = self._protected_execute(tool_name)
-                return await protected(dict(context.message.arguments or {}), call_next, context)
+            # Shielded: a keyed call, once started, runs to its end and is recorded even when its client
+            # disconnects (the transport cancels the request then), so that the client's retry gets the
+            # record instead of a call left in doubt. The tool's own timeouts still apply.
+            with anyio.CancelScope(shield=True):
+                async with tool_call(server, tool_name, key, ledger=self.ledger):
+                    protected = self._protected_execute(tool_name)
+                    result = await protected(dict(context.message.arguments or {}), call_next, context)
         except CallInProgressError as error:
             raise MCPError(
                 REQUEST_TIMEOUT,
@@ -138,3 +143,4 @@ class ReplaySafeMiddleware(Middleware):
             ) from error
         except InvalidCallIdError as error:
             raise MCPError(INVALID_PARAMS, f"{where}: the key is not a usable id ({error})") from error
+        return result
