@@ -15,7 +15,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, ToolAnnotations
 
 from replaysafe import CallInfo, CallKey, SqliteLedger, Status, replay_safe, tool_call
-from replaysafe_mcp import META_KEY, in_doubt_default, replay_safe_session
+from replaysafe_mcp import META_KEY, ReplaySafeMiddleware, in_doubt_default, replay_safe_session
 
 from mcp_harness import WAIT, HttpServer, Transport, connect, effects, kill_server, server_env, wait_for_file
 
@@ -272,6 +272,13 @@ async def test_annotations_set_the_defaults_and_trust_annotations_false_ignores_
                     await distrusting.call_tool("lookup", {"order_id": "A1"})
             assert len(list(other.records())) == 1
     assert effects(control) == ["lookup A1"] * 3
+
+
+def test_options_the_adapter_sets_itself_are_refused() -> None:
+    with pytest.raises(TypeError, match="serializer is set by the session"):
+        replay_safe_session(object(), serializer=None)
+    with pytest.raises(TypeError, match="exclude_args, name is set by the middleware"):
+        ReplaySafeMiddleware(None, name="x", exclude_args=())
 
 
 def test_in_doubt_defaults_follow_the_protocol_defaults_of_the_hints() -> None:

@@ -18,6 +18,8 @@ META_KEY = "io.replaysafe/idempotency-key"
 S = TypeVar("S")
 Send = Callable[[str], Awaitable[CallToolResult]]
 
+#: ``@replay_safe`` options the adapters set themselves: the tool's name, what is digested, how results are stored.
+RESERVED_OPTIONS = frozenset({"name", "exclude_args", "serializer", "on_missing_ids"})
 #: The most pages of tools/list read to find the tools' annotations.
 _MAX_PAGES = 100
 
@@ -176,4 +178,7 @@ def replay_safe_session(
     defaults for a tool without hints) is ``in_doubt="raise"``. ``in_doubt=`` overrides the latter;
     ``trust_annotations=False`` ignores the hints (every call is claimed), for servers you do not trust.
     """
+    reserved = sorted(RESERVED_OPTIONS.intersection(options))
+    if reserved:
+        raise TypeError(f"replay_safe_session(): {', '.join(reserved)} is set by the session itself")
     return cast(S, ReplaySafeSession(session, ledger, trust_annotations, dict(options)))

@@ -23,7 +23,7 @@ from replaysafe import (
     tool_call,
 )
 
-from ._client import META_KEY
+from ._client import META_KEY, RESERVED_OPTIONS
 
 #: The thread id of a server's calls is this prefix plus the server's name: two servers sharing a
 #: ledger never collide, even when their clients send the same key.
@@ -87,6 +87,9 @@ class ReplaySafeMiddleware(Middleware):
     """
 
     def __init__(self, ledger: Ledger | None, **options: Any) -> None:
+        reserved = sorted(RESERVED_OPTIONS.intersection(options))
+        if reserved:
+            raise TypeError(f"ReplaySafeMiddleware(): {', '.join(reserved)} is set by the middleware itself")
         self.ledger = ledger
         self.options = options
         self._protected: dict[str, Callable[..., Awaitable[ToolResult]]] = {}
