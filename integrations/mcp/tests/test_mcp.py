@@ -179,16 +179,17 @@ async def test_server_killed_inside_the_tool_settles_the_retry_by_its_in_doubt_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["rerun", "default"])
+@pytest.mark.parametrize("policy", ["rerun", "default", "unkeyed-server"])
 def test_client_killed_after_sending_resumes_and_the_tool_runs_once(policy: str, control: Path, tmp_path: Path) -> None:
     """The agent is SIGKILLed while the server runs its call; a new agent process resumes the call.
     With ``in_doubt="rerun"`` it sends the same key and gets the first run's result: the tool ran
-    once. By default (``refund`` is destructive and not idempotent) the resumed call is refused."""
+    once. By default (``refund`` is destructive and not idempotent) the resumed call is refused.
+    Against a server without the middleware, the same resume runs the tool a second time."""
     (control / "block").touch()
-    server = HttpServer(control, server_env()).start()
+    server = HttpServer(control, server_env(keyed=policy != "unkeyed-server")).start()
     try:
         ledger = tmp_path / "agent-ledger.db"
-        args = [sys.executable, str(CLIENT), server.url, str(ledger), policy]
+        args = [sys.executable, str(CLIENT), server.url, str(ledger), "default" if policy == "default" else "rerun"]
         agent = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             anyio.run(wait_for_file, control / "started")
@@ -207,6 +208,9 @@ def test_client_killed_after_sending_resumes_and_the_tool_runs_once(policy: str,
     finally:
         server.stop()
 
+    if policy == "unkeyed-server":
+        assert [line.split(" pid=")[0] for line in effects(control)] == ["refund A1 attempt=0"] * 2
+        return
     assert [line.split(" pid=")[0] for line in effects(control)] == ["refund A1 attempt=1"]
     if policy == "default":
         assert stdout.strip() == "in-doubt"
