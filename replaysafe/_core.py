@@ -362,6 +362,7 @@ def begin(
                 )
             return Replay(value)
         if verdict is Verdict.RAISE_RECORDED:
+            error = recorded_error(spec, record, _trusted_text(spec, record, sealer))  # seal first: no false event
             emit(
                 EventKind.REPLAYED,
                 f"{describe(spec.name, key)} replayed its recorded error",
@@ -369,7 +370,7 @@ def begin(
                 key=key,
                 attempt=record.attempt,
             )
-            raise recorded_error(spec, record, _trusted_text(spec, record, sealer))
+            raise error
         if verdict is Verdict.IN_DOUBT:
             policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
             _report_in_doubt(spec, record, policy)
@@ -566,7 +567,8 @@ def _finish(
     """Write how the call ended; a write that fails is logged (or raised, fail-closed)."""
     key, owner = run.call.key, run.owner
     assert owner is not None
-    if run.sealer is not None and encoded is not None:
+    # A finished record is sealed even without a result: on read, an unsealed one is a forgery.
+    if run.sealer is not None and (encoded is not None or status is not Status.IN_DOUBT):
         encoded = run.sealer.seal(key, spec.name, run.args_digest, status, encoded)
     try:
         recorded = yield Complete(key, owner, status, encoded, utcnow())

@@ -2,9 +2,10 @@
 
 Anyone who can write to the ledger's store could otherwise make a protected tool
 "return" a forged result without running. With a signing key, every finished
-record's result is stored as ``rs-seal-1:<hmac>:<encoded result>``, the HMAC-SHA256
-covering the call key, tool name, argument digest, status and encoded result. A
-record whose seal does not check is never returned as a result.
+(completed or failed) record's result is stored as ``rs-seal-1:<hmac>:<encoded result>``
+(``rs-seal-1:<hmac>`` when it has none), the HMAC-SHA256 covering the call key, tool
+name, argument digest, status and encoded result (or its absence). A finished record
+whose seal does not check, or that has no seal at all, is never returned as a result.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from ._records import CallKey, Record, Status
 
 SIGNING_KEY_ENV = "REPLAYSAFE_SIGNING_KEY"
 _PREFIX = "rs-seal-1:"
+#: The statuses whose record a replay trusts: each is sealed, result or not.
+FINISHED = frozenset({Status.COMPLETED, Status.FAILED})
 
 
 class Sealer:
@@ -46,24 +49,35 @@ class Sealer:
         return cls(list(signing_key))
 
     @staticmethod
-    def _mac(secret: bytes, key: CallKey, tool_name: str, args_digest: str, status: Status, encoded: str) -> str:
+    def _mac(secret: bytes, key: CallKey, tool_name: str, args_digest: str, status: Status, encoded: str | None) -> str:
+        # An absent result is JSON null, which no encoded text (a JSON string here) can equal.
         message = json.dumps([*key, tool_name, args_digest, status.value, encoded], ensure_ascii=True)
         return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
 
-    def seal(self, key: CallKey, tool_name: str, args_digest: str, status: Status, encoded: str) -> str:
-        return f"{_PREFIX}{self._mac(self._secrets[0], key, tool_name, args_digest, status, encoded)}:{encoded}"
+    def seal(self, key: CallKey, tool_name: str, args_digest: str, status: Status, encoded: str | None) -> str:
+        mac = self._mac(self._secrets[0], key, tool_name, args_digest, status, encoded)
+        return f"{_PREFIX}{mac}" if encoded is None else f"{_PREFIX}{mac}:{encoded}"
 
     def open(self, record: Record) -> str | None:
-        """The record's encoded result, if its seal checks; else ``TamperedRecordError``."""
-        if record.result is None:
-            return None
-        mac, encoded = _split(record.result)
+        """The record's encoded result, if its seal checks; else ``TamperedRecordError``.
+
+        A finished record must carry a seal even when it has no result: otherwise whoever
+        can write the store could stop a tool from running and hand its caller ``None``.
+        """
+        if record.result is None and record.status not in FINISHED:
+            return None  # running or in doubt: nothing a replay would trust
+        mac, encoded = (None, None) if record.result is None else _split(record.result)
         if mac is not None:
             for secret in self._secrets:
                 expected = self._mac(secret, record.key, record.tool_name, record.args_digest, record.status, encoded)
                 if hmac.compare_digest(mac, expected):
                     return encoded
-        how = "written without a seal" if mac is None else "altered, or sealed with a key this ledger does not accept"
+        if record.result is None:
+            how = "written without a seal or a result"
+        elif mac is None:
+            how = "written without a seal"
+        else:
+            how = "altered, or sealed with a key this ledger does not accept"
         raise TamperedRecordError(
             f"the {record.status} record of {describe(record.tool_name, record.key)} fails its seal check: it was "
             f"{how}. It is not returned as a result and nothing ran. Inspect the store (who can write to it?), "
@@ -73,11 +87,17 @@ class Sealer:
         )
 
 
-def _split(text: str) -> tuple[str | None, str]:
+def _split(text: str) -> tuple[str | None, str | None]:
+    """``(mac, encoded)`` of a stored result; ``mac`` is ``None`` when it carries no seal."""
     if not text.startswith(_PREFIX):
         return None, text
-    mac, _, encoded = text[len(_PREFIX) :].partition(":")
-    return mac, encoded
+    mac, colon, encoded = text[len(_PREFIX) :].partition(":")
+    return mac, encoded if colon else None
+
+
+def is_sealed(text: str | None) -> bool:
+    """Whether a stored result carries a seal (unchecked: only the key can tell a valid one)."""
+    return text is not None and text.startswith(_PREFIX)
 
 
 def unsealed(text: str | None) -> str | None:

@@ -18,6 +18,7 @@ from replaysafe import (
     Event,
     EventKind,
     MemoryLedger,
+    RecordedToolError,
     SqliteLedger,
     Status,
     TamperedRecordError,
@@ -73,8 +74,15 @@ def tamper_redis(server_url: str) -> Tamper:
     def tamper(ledger: Ledger, key: CallKey, fields: dict[str, Any]) -> None:
         """HSET the record's hash with a plain client, as anyone with access to Redis could."""
         client = redis.Redis.from_url(server_url)
+        name = ledger._keys(key)[0]  # type: ignore[attr-defined]
         try:
-            client.hset(ledger._keys(key)[0], mapping=fields)  # type: ignore[attr-defined]
+            # The ledger stores a NULL result as a missing field.
+            absent = [field for field, value in fields.items() if value is None]
+            if absent:
+                client.hdel(name, *absent)
+            present = {field: value for field, value in fields.items() if value is not None}
+            if present:
+                client.hset(name, mapping=present)
         finally:
             client.close()
 
@@ -200,6 +208,106 @@ def test_a_seal_moved_to_another_call_is_refused(signed: Any) -> None:
     tamper(ledger, two, {"result": sealed})
     with tool_call(*two), pytest.raises(TamperedRecordError):
         refund(ledger, runs)("1")
+
+
+@pytest.mark.parametrize("status", ["completed", "failed"])
+def test_a_finished_record_without_result_or_seal_is_refused(signed: Any, status: str) -> None:
+    """A call marked finished with a NULL result, straight in the store, is tampering: the tool is not
+    skipped with ``None`` handed to the caller, nor a failure replayed; nothing runs."""
+    ledger, tamper, _ = signed
+    runs: list[str] = []
+    key = new_key()
+    with tool_call(*key):
+        refund(ledger, runs)("1")
+    tamper(ledger, key, {"status": status, "result": None})
+    forged = ledger.get(key)
+    assert forged is not None and (forged.status.value, forged.result) == (status, None)
+    seen: list[Event] = []
+    stop = on_event(seen.append)
+    try:
+        with tool_call(*key), pytest.raises(TamperedRecordError, match="without a seal or a result") as raised:
+            refund(ledger, runs)("1")
+    finally:
+        stop()
+    assert key.thread_id in str(raised.value)
+    assert runs == ["1"]
+    assert [e.kind for e in seen] == [EventKind.TAMPERED]
+
+
+@pytest.mark.parametrize("status", ["completed", "failed"])
+def test_an_in_doubt_call_forged_finished_without_a_result_is_refused(signed: Any, status: str) -> None:
+    """The attack of issue 10: a call in doubt (its owner died) is marked finished in the store, with no
+    result to seal. The tool must neither be skipped nor its 'failure' replayed."""
+    ledger, tamper, _ = signed
+    key = new_key()
+    ledger.claim(
+        key,
+        tool_name="refund_order",
+        args_digest=_digest(ledger, "1"),
+        owner="gone:1:1#1",
+        now=_now(),
+        lease_expires_at=_now(),
+    )
+    ledger.complete(key, owner="gone:1:1#1", status=Status.IN_DOUBT, result=None, now=_now())
+    tamper(ledger, key, {"status": status})
+    runs: list[str] = []
+    with tool_call(*key), pytest.raises(TamperedRecordError):
+        refund(ledger, runs)("1")
+    assert runs == []
+
+
+def test_a_recorded_failure_replayed_without_its_seal_check(signed: Any) -> None:
+    """A failed record is trusted only through its seal: altered, forged without a seal, or stripped of
+    its result, it raises TamperedRecordError, never RecordedToolError."""
+    ledger, tamper, _ = signed
+    runs: list[str] = []
+    key = new_key()
+    with tool_call(*key), pytest.raises(ValueError, match="declined"):
+        refund(ledger, runs)("bad")
+    sealed = ledger.get(key).result  # type: ignore[union-attr]
+    with tool_call(*key), pytest.raises(RecordedToolError, match="declined"):
+        refund(ledger, runs)("bad")
+    forgeries = [
+        sealed.replace("declined", "approved"),
+        '{"type": "builtins.ValueError", "message": "forged"}',
+        None,
+    ]
+    for forged in forgeries:
+        tamper(ledger, key, {"result": forged})
+        with tool_call(*key), pytest.raises(TamperedRecordError):
+            refund(ledger, runs)("bad")
+    assert runs == ["bad"]
+
+
+def test_a_sealed_absent_result_is_accepted(signed: Any) -> None:
+    """A finished record sealed with no result (the seal covers its absence) replays as None; the same
+    seal moved onto a record that has a result, or onto another status, does not check."""
+    ledger, tamper, _ = signed
+    key = new_key()
+    digest = _digest(ledger, "1")
+    owner = "gone:1:1#1"
+    ledger.claim(key, tool_name="refund_order", args_digest=digest, owner=owner, now=_now(), lease_expires_at=_now())
+    sealed_none = ledger.sealer.seal(key, "refund_order", digest, Status.COMPLETED, None)
+    assert ":" not in sealed_none.removeprefix("rs-seal-1:")
+    ledger.complete(key, owner=owner, status=Status.COMPLETED, result=sealed_none, now=_now())
+    runs: list[str] = []
+    with tool_call(*key):
+        assert refund(ledger, runs)("1") is None
+    tamper(ledger, key, {"result": sealed_none + ":null"})
+    with tool_call(*key), pytest.raises(TamperedRecordError):
+        refund(ledger, runs)("1")
+    tamper(ledger, key, {"result": sealed_none, "status": "failed"})
+    with tool_call(*key), pytest.raises(TamperedRecordError):
+        refund(ledger, runs)("1")
+    assert runs == []
+
+
+def _digest(ledger: Ledger, order_id: str) -> str:
+    """The argument digest refund_order(order_id) records, read from a real call's record."""
+    key = new_key()
+    with tool_call(*key):
+        refund(ledger, [])(order_id)
+    return ledger.get(key).args_digest  # type: ignore[union-attr]
 
 
 def test_key_rotation(signed: Any) -> None:
