@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import sqlite3
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from replaysafe import CallKey, Ledger, open_ledger, replay_safe, tool_call
+from replaysafe import CallKey, Ledger, Status, open_ledger, replay_safe, tool_call
 
 CHILD = str(Path(__file__).with_name("child.py"))
 
@@ -72,7 +75,7 @@ def test_show_decodes_the_result(durable_ledger_url: str, incident: tuple[CallKe
     assert shown.returncode == 0, shown.stderr
     record = json.loads(shown.stdout)
     assert record["result"] == {"sent": "ana@example.com"}
-    assert record["result_check"] == "ok"
+    assert record["result_check"] == "unsealed"  # a ledger without signing: nothing was checked
     missing = cli("ledger", "--ledger", durable_ledger_url, "show", done.thread_id, "nope", "nope")
     assert missing.returncode == 1
     assert "no record" in missing.stderr
@@ -179,3 +182,269 @@ def test_purge_expired(durable_ledger_url: str) -> None:
         assert "deleted 1 expired record(s)" in real.stdout
         again = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired", "--dry-run")
         assert "would delete 0 expired record(s)" in again.stdout
+
+
+# --- the CLI never vouches for what it cannot verify ------------------------------------------------------
+
+SIGNING_KEY = "a-signing-key-of-32-bytes-000000"
+NO_KEY = {"REPLAYSAFE_SIGNING_KEY": ""}
+WITH_KEY = {"REPLAYSAFE_SIGNING_KEY": SIGNING_KEY}
+DEAD = "gone-host:1:1#1"  # an owner on another machine whose lease has ended: in doubt
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _write(
+    ledger: Ledger, key: CallKey, status: Status, result: str | None, tool: str = "refund_order", digest: str = "d"
+) -> None:
+    """Write a record straight into the store through the ledger's own operations, unsealed, as anyone
+    with write access to the store could (``complete`` stores the text it is given)."""
+    now = _now()
+    ledger.claim(key, tool_name=tool, args_digest=digest, owner=DEAD, now=now, lease_expires_at=now)
+    if status is not Status.RUNNING:
+        assert ledger.complete(key, owner=DEAD, status=status, result=result, now=now)
+
+
+def _no_args_digest(ledger: Ledger) -> str:
+    """The argument digest of a call without arguments, read from a real call's record."""
+    probe = CallKey(f"probe-{uuid.uuid4().hex[:8]}", "m", "c")
+    with tool_call(*probe):
+        replay_safe(ledger=ledger, name="refund_order")(lambda: None)()
+    return ledger.get(probe).args_digest  # type: ignore[union-attr]
+
+
+def _show(url: str, key: CallKey, env: dict[str, str], *extra: str, human: bool = False) -> tuple[dict[str, Any], str]:
+    """``show --json`` of a record and, if asked, its human output."""
+    as_json = cli("ledger", "--ledger", url, *extra, "show", *key, "--json", env=env)
+    assert as_json.returncode == 0, as_json.stderr
+    if not human:
+        return json.loads(as_json.stdout), ""
+    text = cli("ledger", "--ledger", url, *extra, "show", *key, env=env)
+    assert text.returncode == 0, text.stderr
+    return json.loads(as_json.stdout), text.stdout
+
+
+def test_show_never_vouches_for_a_seal_it_cannot_check(durable_ledger_url: str, tmp_path: Path) -> None:
+    """Without the key a sealed record is `unverified` (never `ok`), even when altered; with the key
+    (environment or --signing-key-file) a genuine record is `ok` and an altered or unsealed one `tampered`."""
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    genuine, altered, unsealed = (CallKey(thread, "m", c) for c in ("genuine", "altered", "unsealed"))
+    with open_ledger(durable_ledger_url, signing_key=SIGNING_KEY) as signed, tool_call(*genuine):
+        replay_safe(ledger=signed, name="refund_order")(lambda: "refunded 1")()
+    with open_ledger(durable_ledger_url) as raw:
+        sealed_text = raw.get(genuine).result  # type: ignore[union-attr]
+        assert sealed_text is not None and sealed_text.startswith("rs-seal-1:")
+        _write(raw, altered, Status.COMPLETED, sealed_text.replace("refunded 1", "refunded 9"))
+        _write(raw, unsealed, Status.COMPLETED, '"refunded 9"')
+    key_file = tmp_path / "signing.key"
+    key_file.write_text(f"{SIGNING_KEY}\n")
+
+    record, human = _show(durable_ledger_url, altered, NO_KEY, human=True)
+    assert record["result_check"] == "unverified"
+    assert "result_check: unverified (sealed, but no signing key" in human
+    assert "result_check: ok" not in human
+    assert _show(durable_ledger_url, genuine, NO_KEY)[0]["result_check"] == "unverified"
+    assert _show(durable_ledger_url, unsealed, NO_KEY)[0]["result_check"] == "unsealed"
+
+    by_file = ("--signing-key-file", str(key_file))
+    record = _show(durable_ledger_url, genuine, NO_KEY, *by_file)[0]
+    assert (record["result_check"], record["result"]) == ("ok", "refunded 1")
+    record = _show(durable_ledger_url, genuine, WITH_KEY)[0]
+    assert (record["result_check"], record["result"]) == ("ok", "refunded 1")
+    record, human = _show(durable_ledger_url, altered, WITH_KEY, human=True)
+    assert (record["result_check"], record["result"]) == ("tampered", None)
+    assert "result_check: tampered" in human and "refunded 9" not in human
+    record = _show(durable_ledger_url, unsealed, NO_KEY, *by_file)[0]
+    assert (record["result_check"], record["result"]) == ("tampered", None)
+
+
+def test_resolve_refuses_to_write_an_unsealed_result_into_a_sealed_ledger(
+    durable_ledger_url: str, tmp_path: Path
+) -> None:
+    """Without the key, `resolve --result` on a ledger that seals exits 5 naming the fix and changes
+    nothing (before, it exited 0 and the next replay raised TamperedRecordError); with the key it seals
+    the result, and a replay returns it without running the tool."""
+    in_doubt = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_7", "call_1")
+    other_thread = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+    runs: list[int] = []
+    with open_ledger(durable_ledger_url, signing_key=SIGNING_KEY) as signed:
+        # The only finished record is in another thread: the CLI looks ledger-wide for a seal.
+        with tool_call(*other_thread):
+            replay_safe(ledger=signed, name="send_email")(lambda: "sent")()
+        _write(signed, in_doubt, Status.IN_DOUBT, None, digest=_no_args_digest(signed))
+        refused = cli(
+            "ledger", "--ledger", durable_ledger_url, "resolve", *in_doubt, "--result", '"re_1"', "--yes", env=NO_KEY
+        )
+        assert refused.returncode == 5, refused.stdout + refused.stderr
+        assert "REPLAYSAFE_SIGNING_KEY" in refused.stderr and "--signing-key-file" in refused.stderr
+        assert "Traceback" not in refused.stderr
+        assert signed.get(in_doubt).status is Status.IN_DOUBT  # type: ignore[union-attr]
+        missing = cli("ledger", "--ledger", durable_ledger_url, "--signing-key-file", str(tmp_path / "none"), "stats")
+        assert missing.returncode == 2 and "signing key file" in missing.stderr
+        key_file = tmp_path / "signing.key"
+        key_file.write_text(SIGNING_KEY)
+        settled = cli(
+            "ledger", "--ledger", durable_ledger_url, "--signing-key-file", str(key_file),
+            "resolve", *in_doubt, "--result", '"re_1"', "--yes", env=NO_KEY,
+        )  # fmt: skip
+        assert settled.returncode == 0, settled.stderr
+
+        @replay_safe(ledger=signed, in_doubt="raise")
+        def refund_order() -> str:
+            runs.append(1)
+            return "ran again"
+
+        with tool_call(*in_doubt):
+            assert refund_order() == "re_1"
+    assert runs == []
+
+
+def test_resolve_without_a_key_in_a_ledger_that_does_not_seal(durable_ledger_url: str) -> None:
+    """A ledger whose finished records carry no seal is settled without a key, as before."""
+    in_doubt = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_7", "call_1")
+    with open_ledger(durable_ledger_url) as plain:
+        with tool_call(in_doubt.thread_id, "msg_1", "call_1"):
+            replay_safe(ledger=plain, name="send_email")(lambda: "sent")()
+        _write(plain, in_doubt, Status.IN_DOUBT, None, digest=_no_args_digest(plain))
+        settled = cli(
+            "ledger", "--ledger", durable_ledger_url, "resolve", *in_doubt, "--result", "7", "--yes", env=NO_KEY
+        )
+        assert settled.returncode == 0, settled.stderr
+        assert "Note:" not in settled.stdout  # the thread's finished record told: not sealed
+        with tool_call(*in_doubt):
+            assert replay_safe(ledger=plain, name="refund_order")(lambda: 0)() == 7
+
+
+# --- control characters in ids ----------------------------------------------------------------------------
+
+EVIL = CallKey("t\n0 fake-row  completed", "m\x1b[2J\x1b[31m", "c\r\u202eevil\x07")
+EVIL_TOOL = "tool\x1b]0;pwned\x07"
+
+
+def test_control_characters_in_ids_are_escaped_in_every_human_output(
+    durable_ledger: Ledger, durable_ledger_url: str
+) -> None:
+    """Ids and tool names holding newlines, terminal escape sequences, bidi overrides or bells are printed
+    escaped by list, show, stats, resolve and purge; --json keeps them exact."""
+    _write(durable_ledger, EVIL, Status.IN_DOUBT, None, tool=EVIL_TOOL)
+    url = ["ledger", "--ledger", durable_ledger_url]
+    outputs = {
+        "list": cli(*url, "list"),
+        "show": cli(*url, "show", *EVIL),
+        "stats": cli(*url, "stats"),
+        "resolve-declined": cli(*url, "resolve", *EVIL, "--rerun", stdin="n\n"),
+        "purge-dry": cli(*url, "purge", "--thread", EVIL.thread_id, "--dry-run"),
+    }
+    for name, done in outputs.items():
+        assert done.returncode in (0, 4), (name, done.stderr)
+        text = done.stdout + done.stderr
+        for raw in ("\x1b", "\r", "\u202e", "\x07", "\n0 fake-row"):
+            assert raw not in text, (name, raw)
+        # purge names only the thread, which holds a newline and no escape sequence.
+        assert ("\\n0 fake-row" if name == "purge-dry" else "\\x1b") in text, (name, text)
+    assert "t\\n0 fake-row  completed" in outputs["list"].stdout
+    assert "tool\\x1b]0;pwned\\x07" in outputs["list"].stdout
+    assert "c\\r\\u202eevil\\x07" in outputs["show"].stdout
+    assert len(outputs["list"].stdout.splitlines()) == 3  # header, one row, the count
+    listed = json.loads(cli(*url, "list", "--json").stdout)
+    assert [(r["thread_id"], r["message_id"], r["tool_call_id"], r["tool_name"]) for r in listed["records"]] == [
+        (*EVIL, EVIL_TOOL)
+    ]
+    shown = json.loads(cli(*url, "show", *EVIL, "--json").stdout)
+    assert (shown["thread_id"], shown["message_id"], shown["tool_call_id"]) == EVIL
+    settled = cli(*url, "resolve", *EVIL, "--rerun", "--yes")
+    assert settled.returncode == 0, settled.stderr
+    assert "\x1b" not in settled.stdout and "\\x1b" in settled.stdout
+    assert durable_ledger.get(EVIL) is None
+
+
+# --- nothing stays running under a live owner ---------------------------------------------------------------
+
+
+@pytest.fixture
+def live_owner() -> Iterator[str]:
+    """The owner token of a real, live process (a sleeping child), killed afterwards."""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from replaysafe._identity import owner_token; print(owner_token(), flush=True); "
+            "time.sleep(300)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        yield child.stdout.readline().strip()
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+def _stuck(ledger: Ledger, owner: str, digest: str = "d") -> CallKey:
+    """A call left running by a live owner whose lease has ended (as a cancelled claim left it)."""
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+    now = _now()
+    lease_ended = now - dt.timedelta(seconds=5)
+    assert ledger.claim(
+        key, tool_name="refund_order", args_digest=digest, owner=owner, now=lease_ended, lease_expires_at=lease_ended
+    ).claimed
+    return key
+
+
+@pytest.mark.parametrize("whose", ["a sleeping child", "this test's process"])
+def test_resolve_refuses_a_live_owner_without_force(durable_ledger: Ledger, live_owner: str, whose: str) -> None:
+    """`resolve()` does not settle a call whose owner is a live process, even past its lease; `force=True` does."""
+    from replaysafe._identity import owner_token
+
+    owner = live_owner if whose == "a sleeping child" else owner_token()
+    key = _stuck(durable_ledger, owner)
+    for how in ({"result": "x"}, {"rerun": True}):
+        with pytest.raises(ValueError, match="alive"):
+            durable_ledger.resolve(key, **how)  # type: ignore[arg-type]
+    record = durable_ledger.get(key)
+    assert record is not None and (record.status, record.owner) == (Status.RUNNING, owner)
+    settled = durable_ledger.resolve(key, result="x", force=True)
+    assert settled is not None and settled.status is Status.COMPLETED
+
+
+def test_stats_reports_a_call_stuck_under_a_live_owner_and_resolve_force_settles_it(
+    durable_ledger: Ledger, durable_ledger_url: str, live_owner: str
+) -> None:
+    """stats names a running call past its lease whose owner lives; `resolve` refuses it (exit 1) unless
+    --force, which asks first; once settled, a replay returns the result without running the tool."""
+    key = _stuck(durable_ledger, live_owner, _no_args_digest(durable_ledger))
+    url = ["ledger", "--ledger", durable_ledger_url]
+    stats = cli(*url, "stats")
+    assert stats.returncode == 0, stats.stderr
+    assert "running past their lease: 1" in stats.stdout
+    assert f"longest past its lease: refund_order ({key})" in stats.stdout
+    assert live_owner in stats.stdout and "--force" in stats.stdout
+    assert "no call is in doubt" in stats.stdout
+    for how in (["--result", '"re_1"'], ["--rerun"]):
+        refused = cli(*url, "resolve", *key, *how, "--yes")
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "alive" in refused.stderr and "--force" in refused.stderr
+    declined = cli(*url, "resolve", *key, "--result", '"re_1"', "--force", stdin="n\n")
+    assert declined.returncode == 4, declined.stderr
+    assert "Its owner is alive" in declined.stdout
+    record = durable_ledger.get(key)
+    assert record is not None and (record.status, record.owner) == (Status.RUNNING, live_owner)
+    forced = cli(*url, "resolve", *key, "--result", '"re_1"', "--force", stdin="y\n")
+    assert forced.returncode == 0, forced.stderr
+    runs: list[int] = []
+
+    @replay_safe(ledger=durable_ledger, name="refund_order")
+    def refund_order() -> str:
+        runs.append(1)
+        return "ran again"
+
+    with tool_call(*key):
+        assert refund_order() == "re_1"
+    assert runs == []
+    assert "running past their lease: 0" in cli(*url, "stats").stdout
