@@ -355,7 +355,7 @@ def _resolve(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextI
             EXIT_NO_KEY,
         )
     now = utcnow()
-    live_owner = record.status is Status.RUNNING and judge(record, now) is Verdict.WAIT
+    live_owner = judge(record, now) is Verdict.WAIT  # only a running record with a live owner waits
     if live_owner and not args.force:
         raise CommandError(
             f"{record.tool_name} ({record.key}) is still running in {record.owner}, which is alive (lease until "
