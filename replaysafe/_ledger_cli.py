@@ -345,6 +345,15 @@ def _ledger_seals(ledger: Ledger, record: Record) -> bool | None:
 
 def _resolve(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     record = _record(ledger, args)
+    if args.rerun:
+        what = "remove its record, so the next replay runs the tool again"
+        result: Any = None
+    else:
+        try:
+            result = json.loads(args.result)
+        except ValueError as exc:
+            raise CommandError(f"--result must be JSON ({exc})", EXIT_USAGE) from exc
+        what = f"record {json.dumps(result)} as its result"
     seals = None if args.rerun or ledger.sealer is not None else _ledger_seals(ledger, record)
     if seals:
         # Written unsealed, the result would make every replay raise TamperedRecordError.
@@ -363,15 +372,6 @@ def _resolve(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextI
             "Nothing was changed.",
             EXIT_NOT_FOUND,
         )
-    if args.rerun:
-        what = "remove its record, so the next replay runs the tool again"
-        result: Any = None
-    else:
-        try:
-            result = json.loads(args.result)
-        except ValueError as exc:
-            raise CommandError(f"--result must be JSON ({exc})", EXIT_USAGE) from exc
-        what = f"record {json.dumps(result)} as its result"
     state = _state(record, now)
     print(
         f"{printable(record.tool_name)} ({record.key}) is {state}, attempt {record.attempt}, owner "
