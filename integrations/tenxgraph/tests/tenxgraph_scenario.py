@@ -91,7 +91,8 @@ class ScriptedModel(TestAgent):
         return MockLLMResponse("done", "scripted")
 
 
-def _route(state: AgentState) -> str:
+def route(state: AgentState) -> str:
+    """ReactAgent's routing: to the ToolNode while the model asks for tools."""
     last = state.context[-1] if state.context else None
     return "TOOL" if last is not None and last.role == "assistant" and last.tools_calls else END
 
@@ -135,7 +136,7 @@ def build_app(spec: Spec, checkpointer: BaseCheckpointer[Any], ledger: Ledger | 
     graph: StateGraph[Any] = StateGraph()
     graph.add_node("MAIN", ScriptedModel())
     graph.add_node("TOOL", ToolNode(tools))
-    graph.add_conditional_edges("MAIN", _route, {"TOOL": "TOOL", END: END})
+    graph.add_conditional_edges("MAIN", route, {"TOOL": "TOOL", END: END})
     graph.add_edge("TOOL", "MAIN")
     graph.set_entry_point("MAIN")
     return graph.compile(checkpointer=checkpointer, callback_manager=callbacks)
