@@ -1,7 +1,8 @@
 """Runs the refund scenario on 10xGraph's PgCheckpointer in a process of its own.
 
 ``python tenxgraph_child.py '<Spec as JSON>'``. The test SIGKILLs it through the spec's kill point
-and resumes the thread in a new process. Prints the thread's tool results and pending interrupt as JSON when it finishes.
+and resumes the thread in a new process. When it finishes it prints the thread's tool results and
+pending interrupt as JSON.
 """
 
 from __future__ import annotations

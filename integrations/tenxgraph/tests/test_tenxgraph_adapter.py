@@ -27,7 +27,7 @@ README = Path(__file__).parents[1] / "README.md"
 
 
 def build(tools: list[Callable[..., Any]]) -> tuple[CompiledGraph[Any], InMemoryCheckpointer[Any]]:
-    checkpointer: InMemoryCheckpointer[Any] = InMemoryCheckpointer()
+    checkpointer: InMemoryCheckpointer[Any] = InMemoryCheckpointer()  # type: ignore[no-untyped-call]
     # A container of its own: graphs compiled in one process share the global one, checkpointer included.
     graph: StateGraph[Any] = StateGraph(container=InjectQ())
     graph.add_node("MAIN", ScriptedModel())
@@ -43,7 +43,7 @@ def user(text: str) -> dict[str, Any]:
 
 
 async def thread_state(checkpointer: InMemoryCheckpointer[Any], thread_id: str) -> AgentState:
-    state = await checkpointer.aget_state({"thread_id": thread_id, "user_id": "anonymous"})
+    state: AgentState | None = await checkpointer.aget_state({"thread_id": thread_id, "user_id": "anonymous"})
     assert state is not None
     return state
 

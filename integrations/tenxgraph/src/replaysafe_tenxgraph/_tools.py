@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from tenxgraph.core.graph.tool_node.constants import is_injected_param
 from tenxgraph.core.state import AgentState
@@ -158,7 +158,7 @@ def replay_safe_tool(
         wrapper = run
 
     functools.update_wrapper(wrapper, function)
-    wrapper.__signature__ = _with_ids(signature, added)  # type: ignore[attr-defined]
+    cast(Any, wrapper).__signature__ = _with_ids(signature, added)  # read by inspect.signature
     return wrapper
 
 
