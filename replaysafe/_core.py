@@ -536,8 +536,9 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         if exc.still_running:
             return  # the claim stays: the tool may still finish and record its result
         yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
-    elif not isinstance(exc, Exception):
+    elif not isinstance(exc, scope.pauses) and not isinstance(exc, Exception):
         # Cancelled, interrupted, or a stream closed early: whether the side effect happened is unknown.
+        # A pause is checked first: some frameworks' pauses are BaseExceptions (10xGraph's GraphInterrupt).
         yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
     elif isinstance(exc, scope.pauses) or not isinstance(exc, spec.record_errors):
         # A pause (human in the loop) is not an outcome; other errors free the call for a retry.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
@@ -352,6 +353,39 @@ def test_a_pause_is_released_even_with_record_errors(ledger: Ledger) -> None:
     assert ledger.get(CallKey(*ids)) is None
     with tool_call(*ids, pauses=(Interrupt,)):
         assert approve() == "approved"
+
+
+@pytest.mark.parametrize("in_thread", [False, True], ids=["main-thread", "worker-thread"])
+def test_a_pause_that_is_a_base_exception_is_released_not_in_doubt(ledger: Ledger, in_thread: bool) -> None:
+    """A pause deriving from BaseException (10xGraph's GraphInterrupt) releases the claim too."""
+
+    class GraphInterrupt(BaseException):
+        pass
+
+    runs: list[int] = []
+
+    @replay_safe(ledger=ledger)
+    def approve() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            raise GraphInterrupt("waiting for a human")
+        return "approved"
+
+    ids = new_ids()
+
+    def first_call() -> None:
+        with tool_call(*ids, pauses=(GraphInterrupt,)), pytest.raises(GraphInterrupt):
+            approve()
+
+    if in_thread:  # a sync tool outside the main thread runs under a worker-thread deadline
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(first_call).result(timeout=60)
+    else:
+        first_call()
+    assert ledger.get(CallKey(*ids)) is None
+    with tool_call(*ids, pauses=(GraphInterrupt,)):
+        assert approve() == "approved"
+    assert runs == [1, 1]
 
 
 # --- 5. what a record keeps, and mismatches ---------------------------------------------------
