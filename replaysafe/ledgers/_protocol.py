@@ -76,6 +76,14 @@ class Ledger(Protocol):
         """Delete the ``running`` record ``owner`` holds, so the call may run again."""
         ...
 
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> bool:
+        """Move the lease of the ``running`` record ``owner`` holds to ``lease_expires_at``.
+
+        Fenced like ``complete``: ``False``, and nothing changed, when the record is
+        gone, finished or held by another owner. Called while the tool runs.
+        """
+        ...
+
     def get(self, key: CallKey) -> Record | None: ...
 
     def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
@@ -130,6 +138,8 @@ class AsyncLedger(Protocol):
 
     async def release(self, key: CallKey, *, owner: str) -> bool: ...
 
+    async def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> bool: ...
+
     async def get(self, key: CallKey) -> Record | None: ...
 
     async def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]: ...
@@ -167,6 +177,10 @@ class OffloadedAsyncLedger:
 
     async def release(self, key: CallKey, *, owner: str) -> bool:
         result: bool = await self._run(self._ledger.release, key, owner=owner)
+        return result
+
+    async def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> bool:
+        result: bool = await self._run(self._ledger.renew, key, owner=owner, lease_expires_at=lease_expires_at)
         return result
 
     async def get(self, key: CallKey) -> Record | None:
