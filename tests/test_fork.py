@@ -206,3 +206,30 @@ def test_a_forked_child_uses_the_ledger_its_parent_opened(durable_ledger: Ledger
         if aclose is not None:
             loop.run_until_complete(aclose())
         loop.close()
+
+
+def _renewed_while_running(ledger: Ledger, thread_id: str) -> bool:
+    """Run a tool with a 0.6 s lease until its stored lease has moved forward (True), or 15 s (False)."""
+    key = CallKey(thread_id, "msg_1", "call_1")
+
+    @replay_safe(ledger=ledger, lease=0.6, timeout=None)
+    def long_task() -> bool:
+        first = ledger.get(key)
+        assert first is not None
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            now = ledger.get(key)
+            assert now is not None
+            if now.lease_expires_at > first.lease_expires_at:
+                return True
+            time.sleep(0.05)
+        return False
+
+    with tool_call(*key):
+        return long_task()
+
+
+def test_a_forked_child_renews_its_own_leases(durable_ledger: Ledger) -> None:
+    """The parent's renewer thread does not exist in a child: the child starts its own."""
+    assert _renewed_while_running(durable_ledger, new_thread_id())  # the parent's renewer thread runs now
+    assert in_child(lambda: _renewed_while_running(durable_ledger, new_thread_id())) is True
