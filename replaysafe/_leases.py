@@ -54,6 +54,10 @@ class Lease:
     due: float
     active: bool = True
 
+    def end(self) -> None:
+        """The tool ended: renew no more (a renewal in flight is fenced by the record's status)."""
+        self.active = False
+
     def renewal(self, now: datetime) -> Renew:
         """The renewal to write now (wall clock: other hosts compare it with theirs)."""
         return Renew(self.key, self.owner, now + self.length)
@@ -72,27 +76,23 @@ def first_due(length: timedelta, monotonic_now: float) -> float:
 
 
 class Schedule:
-    """The leases one process keeps alive, earliest due first (a heap; removal is lazy)."""
+    """The leases one process keeps alive, earliest due first.
+
+    A heap; an ended lease (``active`` false) leaves it when it comes up, or sooner,
+    when ended ones make up most of it (many short calls under a long lease).
+    """
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Lease]] = []
         self._order = itertools.count()
-        self._stale = 0  # entries of ended leases still in the heap
+        self._compacted_size = 0
 
     def add(self, lease: Lease) -> None:
         heapq.heappush(self._heap, (lease.due, next(self._order), lease))
-
-    def discard(self, lease: Lease) -> None:
-        """End a lease (its tool ended). Its entry leaves the heap when it comes up, or
-        sooner when ended entries are most of the heap (many short calls, a long lease)."""
-        if not lease.active:
-            return
-        lease.active = False
-        self._stale += 1
-        if self._stale > 1024 and self._stale * 2 > len(self._heap):
+        if len(self._heap) > max(1024, 2 * self._compacted_size):
             self._heap = [entry for entry in self._heap if entry[2].active]
             heapq.heapify(self._heap)
-            self._stale = 0
+            self._compacted_size = len(self._heap)
 
     def due(self, monotonic_now: float) -> list[Lease]:
         """Take out the active leases due by ``monotonic_now`` (put them back with ``add``)."""
@@ -101,15 +101,12 @@ class Schedule:
             lease = heapq.heappop(self._heap)[2]
             if lease.active:
                 found.append(lease)
-            else:
-                self._stale = max(self._stale - 1, 0)
         return found
 
     def next_due(self) -> float | None:
-        """When the earliest lease is due; ``None`` when there is none."""
+        """When the earliest active lease is due; ``None`` when there is none."""
         while self._heap and not self._heap[0][2].active:
             heapq.heappop(self._heap)
-            self._stale = max(self._stale - 1, 0)
         return self._heap[0][0] if self._heap else None
 
     def __len__(self) -> int:

@@ -9,6 +9,8 @@ lease that was lost anyway (taken over) is reported when the call completes.
 from __future__ import annotations
 
 import asyncio
+import collections
+import math
 import os
 import threading
 import time
@@ -22,6 +24,9 @@ from ._errors import describe
 from ._events import logger
 from ._leases import Lease, Schedule, first_due, renewal_interval
 from ._records import CallKey
+
+#: New leases queued before the renewer thread wakes to take them in (and drop ended ones).
+_MAX_INCOMING = 1024
 
 
 def _retrying(ledger: Any) -> dict[str, Any]:
@@ -88,8 +93,9 @@ def new_lease(ledger: Any, tool_name: str, key: CallKey, owner: str | None, leng
 class Renewer:
     """One daemon thread renewing the leases of sync calls, earliest due first.
 
-    It never holds a call's thread: a call adds its lease and takes it out when the
-    tool ends.
+    It never holds a call's thread. Adding a lease is an append and ending one a flag
+    (the protected call's hot path); the thread takes new leases in when it wakes: at
+    the next renewal due, when a new lease is due sooner, or when many have queued.
     """
 
     def __init__(self) -> None:
@@ -97,49 +103,50 @@ class Renewer:
 
     def _reset(self) -> None:
         # Also run in a forked child: the parent's thread does not exist there and
-        # its lock may have been copied held.
-        self._changed = threading.Condition(threading.Lock())
-        self._schedule = Schedule()
+        # its lock or event may have been copied mid-use.
+        self._incoming: collections.deque[Lease] = collections.deque()
+        self._wake = threading.Event()
+        self._start_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        #: When the thread next wakes by itself; -inf while it is awake (it sees new leases then).
+        self._wakes_at = -math.inf
 
     def add(self, lease: Lease | None) -> None:
         if lease is None:
             return
-        with self._changed:
-            earliest = self._schedule.next_due()
-            self._schedule.add(lease)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="replaysafe-lease-renewer", daemon=True)
-                self._thread.start()
-            elif earliest is None or lease.due < earliest:
-                self._changed.notify()  # the thread sleeps until a later time
+        self._incoming.append(lease)
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    thread = threading.Thread(target=self._run, name="replaysafe-lease-renewer", daemon=True)
+                    thread.start()
+                    self._thread = thread
+        elif lease.due < self._wakes_at or len(self._incoming) > _MAX_INCOMING:
+            self._wake.set()
 
-    def remove(self, lease: Lease | None) -> None:
-        if lease is None:
-            return
-        with self._changed:
-            self._schedule.discard(lease)
-
-    def __len__(self) -> int:
-        with self._changed:
-            return len(self._schedule)
+    @staticmethod
+    def remove(lease: Lease | None) -> None:
+        if lease is not None:
+            lease.end()
 
     def _run(self) -> None:
+        schedule = Schedule()
+        timeout: float | None = 0.0  # the lease that started the thread is already queued
         while True:
-            with self._changed:
-                while True:
-                    now = time.monotonic()
-                    due = self._schedule.due(now)
-                    if due:
-                        break
-                    earliest = self._schedule.next_due()
-                    self._changed.wait(None if earliest is None else earliest - now)
-            for lease in due:
-                renewed = renew_now(lease)
-                lease.after_renewal(renewed, time.monotonic())
-                with self._changed:
-                    if lease.active:
-                        self._schedule.add(lease)
+            self._wake.wait(timeout)
+            self._wake.clear()
+            self._wakes_at = -math.inf  # awake: a lease added from now on is seen below or wakes us again
+            while self._incoming:
+                lease = self._incoming.popleft()
+                if lease.active:  # most calls end before their first renewal is due
+                    schedule.add(lease)
+            for lease in schedule.due(time.monotonic()):
+                lease.after_renewal(renew_now(lease), time.monotonic())
+                if lease.active:
+                    schedule.add(lease)
+            earliest = schedule.next_due()
+            timeout = None if earliest is None else max(earliest - time.monotonic(), 0.0)
+            self._wakes_at = math.inf if earliest is None else earliest
 
 
 renewer = Renewer()
