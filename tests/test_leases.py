@@ -8,20 +8,34 @@ cannot check the first one's pid: only the lease tells it the owner is alive.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from replaysafe import CallKey, MemoryLedger, Status, open_ledger
+from replaysafe import (
+    CallKey,
+    Event,
+    EventKind,
+    Ledger,
+    MemoryLedger,
+    SqliteLedger,
+    Status,
+    on_event,
+    open_ledger,
+    replay_safe,
+    tool_call,
+)
 from replaysafe._identity import OWNER_MACHINE_ENV
 from replaysafe._leases import Lease, Schedule, first_due, renewal_interval
 
@@ -98,8 +112,6 @@ def test_a_tool_outliving_its_lease_is_not_taken_over_by_another_host(
 
 def test_the_renewed_lease_is_stored_while_the_tool_runs(durable_ledger_url: str) -> None:
     """The record's lease moves forward while a long tool runs, and no further once it is done."""
-    from replaysafe import replay_safe, tool_call
-
     seen = []
     with open_ledger(durable_ledger_url) as ledger:
         key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
@@ -254,3 +266,81 @@ def test_an_owner_hidden_by_hidepid_is_waited_for_not_taken_over(
         owner.communicate(timeout=30)
     # setpriv execs the worker: the owner's pid is the worker's.
     assert effects.read_text().splitlines() == [f"ran {owner.pid}"]
+
+
+# --- renewals that fail, and leases that are lost ----------------------------------------
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(400):  # bounded: 20 s
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not happen within 20s")
+
+
+def test_a_renewal_that_fails_is_tried_again_at_the_next_tick(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The database is locked by another connection for a while: renewals fail (logged), the
+    tool goes on undisturbed, and the first renewal after the lock is gone moves the lease."""
+    ledger = SqliteLedger(tmp_path / "ledger.db", busy_timeout=0.05)
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+
+    @replay_safe(ledger=ledger, lease=1.2, timeout=None)
+    def long_task() -> str:
+        first = ledger.get(key)
+        assert first is not None
+        blocker = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")  # a real lock: every other writer gets "database is locked"
+        try:
+            _wait_for(lambda: "could not be renewed" in caplog.text, "a failed renewal")
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        _wait_for(
+            lambda: ledger.get(key).lease_expires_at > first.lease_expires_at,  # type: ignore[union-attr]
+            "a renewal after the lock was released",
+        )
+        return "done"
+
+    with caplog.at_level(logging.WARNING, logger="replaysafe"), tool_call(*key):
+        assert long_task() == "done"
+    record = ledger.get(key)
+    assert record is not None
+    assert (record.status, record.result) == (Status.COMPLETED, '"done"')
+    failed = [r for r in caplog.records if "could not be renewed" in r.getMessage()]
+    assert failed and "OperationalError" in failed[0].getMessage()
+    assert key.thread_id in failed[0].getMessage()
+    ledger.close()
+
+
+def test_a_lost_lease_stops_renewing_and_the_owner_learns_it_at_completion(
+    durable_ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another worker takes the call over while the tool runs: the renewal reports the lease
+    lost and changes nothing; the completion is fenced out and reported as a duplicate."""
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+    events: list[Event] = []
+    unsubscribe = on_event(events.append)
+
+    @replay_safe(ledger=durable_ledger, lease=0.6, timeout=None)
+    def long_task() -> str:
+        record = durable_ledger.get(key)
+        assert record is not None
+        now = datetime.now(timezone.utc)
+        taken = durable_ledger.takeover(
+            record, owner="another-host:1:1#1", now=now, lease_expires_at=now + timedelta(seconds=600)
+        )
+        assert taken is not None
+        _wait_for(lambda: "is no longer held" in caplog.text, "the renewer noticing the lost lease")
+        return "done"
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="replaysafe"), tool_call(*key):
+            assert long_task() == "done"
+    finally:
+        unsubscribe()
+    record = durable_ledger.get(key)
+    assert record is not None
+    assert (record.owner, record.status) == ("another-host:1:1#1", Status.RUNNING)
+    assert record.lease_expires_at > datetime.now(timezone.utc) + timedelta(seconds=500)  # not renewed by us
+    assert [e.kind for e in events if e.kind is EventKind.DUPLICATE_DETECTED] == [EventKind.DUPLICATE_DETECTED]
