@@ -142,7 +142,8 @@ def _machine() -> str:
     namespaces; a pid means something only within one boot and one namespace.
     ``REPLAYSAFE_OWNER_MACHINE`` overrides it, for hosts whose detected identity
     is not unique; processes with different values never check each other's pids
-    (only the lease tells whether the other is alive).
+    (only the lease tells whether the other is alive). It must be unique to one
+    boot and pid namespace: processes sharing a value judge each other's pids.
     """
     configured = os.environ.get(OWNER_MACHINE_ENV)
     if configured:

@@ -162,7 +162,7 @@ async def keep_renewed(lease: Lease) -> None:
 
 def start_renewing(lease: Lease | None) -> asyncio.Task[None] | None:
     """A task in the running loop that keeps ``lease`` alive; cancel it when the tool ends."""
-    if lease is None:
+    if lease is None or not hasattr(lease.ledger.aio, "renew"):
         return None
     return asyncio.get_running_loop().create_task(keep_renewed(lease), name="replaysafe-lease-renewer")
 
