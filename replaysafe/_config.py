@@ -57,3 +57,11 @@ def set_default_timeouts(*, tool_timeout: float | None = UNSET, node_timeout: fl
         default_tool_timeout = timeout_setting(tool_timeout, "tool_timeout")
     if node_timeout is not UNSET:
         default_node_timeout = timeout_setting(node_timeout, "node_timeout")
+
+
+def _new_lock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a fork may copy it held by another thread (opening the ledger)
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)

@@ -12,11 +12,12 @@ import asyncio
 import concurrent.futures
 import contextvars
 import inspect
+import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from typing import Any, NamedTuple
 
 import tenacity
@@ -41,8 +42,10 @@ from ._core import (
 )
 from ._errors import LedgerError, ReplaySafeError, ToolTimeoutError, describe
 from ._events import logger
+from ._leases import Lease
 from ._pending import pending_writes
 from ._records import Status
+from ._renewer import new_lease, renewer, start_renewing
 from ._sealing import Sealer
 from .ledgers import Ledger
 
@@ -226,9 +229,24 @@ def _worker_pool() -> concurrent.futures.ThreadPoolExecutor:
         return _pool
 
 
-def _run_in_worker(spec: ToolSpec, scope: CallScope, run: Run, wrapped: Callable[..., Any], ledger: Ledger) -> Any:
+def _forget_parent_pool() -> None:
+    """In a forked child: the parent's worker threads do not exist there, and the pool
+    (or its lock) may have been copied mid-use. Left unclosed: its threads are the parent's."""
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_pool)
+
+
+def _run_in_worker(
+    spec: ToolSpec, scope: CallScope, run: Run, wrapped: Callable[..., Any], ledger: Ledger, lease: Lease | None
+) -> Any:
     context = contextvars.copy_context()  # carries current_call() into the worker
     future = _worker_pool().submit(context.run, wrapped, *run.call.args, **run.call.kwargs)
+    # The tool may outlive its deadline in the worker: its lease is kept until it ends.
+    future.add_done_callback(lambda _: renewer.remove(lease))
     try:
         return future.result(timeout=run.timeout)
     except concurrent.futures.TimeoutError:
@@ -252,26 +270,39 @@ def _no_tool(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - settling n
     raise AssertionError("settling a call never runs its tool")
 
 
+def _lease(spec: ToolSpec, run: Run, ledger: Ledger) -> Lease | None:
+    """The lease to keep alive while the tool runs (none for an unprotected run)."""
+    return new_lease(ledger, spec.name, run.call.key, run.owner, spec.lease_for(run.timeout))
+
+
 def _invoke(spec: ToolSpec, scope: CallScope, run: Run, wrapped: Callable[..., Any], ledger: Ledger) -> Any:
     token = _current.set(run.call)
+    lease = _lease(spec, run, ledger)
+    renewer.add(lease)  # renewed by the renewer thread, never by this one
     try:
-        if run.timeout is None:
-            return wrapped(*run.call.args, **run.call.kwargs)
-        if _alarm_is_ours_to_use():
+        if run.timeout is not None and not _alarm_is_ours_to_use():
+            return _run_in_worker(spec, scope, run, wrapped, ledger, lease)  # ends the lease itself
+        try:
+            if run.timeout is None:
+                return wrapped(*run.call.args, **run.call.kwargs)
             return _run_with_alarm(spec, run, wrapped)
-        return _run_in_worker(spec, scope, run, wrapped, ledger)
+        finally:
+            renewer.remove(lease)
     finally:
         _current.reset(token)
 
 
-async def _ainvoke(spec: ToolSpec, run: Run, wrapped: Callable[..., Any]) -> Any:
+async def _ainvoke(spec: ToolSpec, run: Run, wrapped: Callable[..., Any], ledger: Ledger) -> Any:
     token = _current.set(run.call)
+    renewing = start_renewing(_lease(spec, run, ledger))  # a task in this loop, while the tool runs
     try:
         if run.timeout is None:
             return await wrapped(*run.call.args, **run.call.kwargs)
         return await _await_with_timeout(spec, run, wrapped(*run.call.args, **run.call.kwargs))
     finally:
         _current.reset(token)
+        if renewing is not None:
+            renewing.cancel()
 
 
 async def _await_with_timeout(spec: ToolSpec, run: Run, awaitable: Any) -> Any:
@@ -337,7 +368,7 @@ async def adrive(
         send = error = None
         try:
             if isinstance(effect, RunTool):
-                send = await _ainvoke(spec, effect.run, wrapped)
+                send = await _ainvoke(spec, effect.run, wrapped, ledger)
             elif isinstance(effect, Sleep):
                 await asyncio.sleep(effect.seconds)
             elif isinstance(effect, Reconcile):
@@ -357,6 +388,28 @@ def _past(run: Run) -> bool:
     return run.timeout is not None and time.monotonic() - run.started > run.timeout
 
 
+def _leased(source: Iterator[Any], lease: Lease | None) -> Generator[Any, None, None]:
+    """``source``'s chunks, with the call's lease renewed from the first chunk until the
+    stream ends or is closed (the consumer's time between chunks included)."""
+    renewer.add(lease)
+    try:
+        yield from source
+    finally:
+        renewer.remove(lease)
+
+
+async def _aleased(source: AsyncGenerator[Any, None], lease: Lease | None) -> AsyncGenerator[Any, None]:
+    """``_leased`` for async streams: a renewal task in this loop."""
+    renewing = start_renewing(lease)
+    try:
+        async for chunk in source:
+            yield chunk
+    finally:
+        if renewing is not None:
+            renewing.cancel()
+        await source.aclose()
+
+
 def stream(
     spec: ToolSpec, plan: Plan, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Iterator[Any]:
@@ -370,7 +423,7 @@ def stream(
         yield from decision.value
         return
     run = decision
-    source = wrapped(*args, **kwargs)
+    source = _leased(wrapped(*args, **kwargs), _lease(spec, run, ledger))
     chunks: list[Any] = []
     try:
         while True:
@@ -404,7 +457,7 @@ async def astream(
             yield chunk
         return
     run = decision
-    source = wrapped(*args, **kwargs)
+    source = _aleased(wrapped(*args, **kwargs), _lease(spec, run, ledger))
     chunks: list[Any] = []
     try:
         while True:

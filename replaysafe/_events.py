@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import os
 import threading
 from collections.abc import Callable
 from datetime import datetime
@@ -74,6 +75,14 @@ _LEVELS = {
 
 _handlers: tuple[EventHandler, ...] = ()
 _lock = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a fork may copy it held by another thread
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def on_event(handler: EventHandler) -> Callable[[], None]:

@@ -11,6 +11,7 @@ dropped is logged with the call's ids.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from typing import Any
@@ -35,6 +36,12 @@ class _Write:
 
 class PendingWrites:
     def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        # Also run in a forked child: the parent's thread does not exist there, its lock
+        # may have been copied held, and its queued writes are the parent's to make.
         self._writes: list[_Write] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()

@@ -7,16 +7,20 @@ import decimal
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replaysafe import idempotency_key
-from replaysafe._identity import args_digest, key_digest, owner_token
+from replaysafe import _identity, idempotency_key
+from replaysafe._identity import args_digest, key_digest, owner_alive, owner_token
 
 # JSON-like data with string keys: the domain the digest promises to be exact on.
 scalars = st.one_of(
@@ -147,3 +151,78 @@ def test_owner_token_names_host_pid_and_start() -> None:
     _host, pid, rest = first.split(":")
     assert pid == str(os.getpid())
     assert rest.partition("#")[2].isdigit()
+
+
+# --- owner liveness: dead only on positive evidence ----------------------------------------
+
+
+def _token_for(pid: int, start: str) -> str:
+    return f"{_identity._owner.machine}:{pid}:{start}#1"
+
+
+@pytest.fixture
+def live_child() -> Iterator[subprocess.Popen[bytes]]:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+
+
+def test_a_live_owner_with_its_start_time_is_alive(live_child: subprocess.Popen[bytes]) -> None:
+    start = _identity._process_start(live_child.pid)
+    assert start is not None and start.isdigit()
+    assert owner_alive(_token_for(live_child.pid, start)) is True
+
+
+def test_a_reused_pid_is_not_the_owner(live_child: subprocess.Popen[bytes]) -> None:
+    """The pid runs, but a process that started at another time holds it: the owner is dead."""
+    start = _identity._process_start(live_child.pid)
+    assert start is not None
+    assert owner_alive(_token_for(live_child.pid, str(int(start) - 1))) is False
+    assert owner_alive(_token_for(live_child.pid, str(int(start) + 1))) is False
+
+
+def test_a_vanished_owner_is_dead() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    start = _identity._process_start(child.pid) or "1"
+    child.wait(timeout=30)  # reaped: no process has the pid now
+    assert owner_alive(_token_for(child.pid, start)) is False
+
+
+def test_a_zombie_owner_is_dead() -> None:
+    """Killed but not yet reaped: ``kill(pid, 0)`` still succeeds, yet it will never finish."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = _identity._process_start(child.pid)
+        assert start is not None
+        token = _token_for(child.pid, start)
+        os.kill(child.pid, signal.SIGKILL)
+        for _ in range(600):  # until the kernel has made it a zombie (bounded)
+            fields = _identity._read_stat(child.pid)
+            if fields is not None and fields[0] == b"Z":
+                break
+            time.sleep(0.05)
+        assert owner_alive(token) is False
+    finally:
+        child.wait(timeout=30)
+
+
+def test_an_owner_whose_start_cannot_be_compared_is_unknown(live_child: subprocess.Popen[bytes]) -> None:
+    """A token written where /proc was unreadable holds a clock stamp, not a start time: the lease decides."""
+    assert owner_alive(_token_for(live_child.pid, "t1764670000000000")) is None
+
+
+def test_an_owner_on_another_machine_is_unknown() -> None:
+    """REPLAYSAFE_OWNER_MACHINE names the host; tokens of another host are judged by their lease."""
+    code = (
+        "import os, sys; from replaysafe._identity import owner_alive, owner_token; "
+        "print(owner_token()); print(owner_alive(sys.argv[1]))"
+    )
+    env = {**os.environ, "REPLAYSAFE_OWNER_MACHINE": "worker:7#b"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, owner_token()], capture_output=True, text=True, check=True, env=env, timeout=60
+    ).stdout.split()
+    assert out[0].startswith("worker_7_b:")  # separators in the name cannot break the token
+    assert out[1] == "None"

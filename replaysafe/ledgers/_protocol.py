@@ -8,7 +8,12 @@ per operation), so adding a backend is one small module.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import dataclasses
+import functools
+import os
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -76,6 +81,14 @@ class Ledger(Protocol):
         """Delete the ``running`` record ``owner`` holds, so the call may run again."""
         ...
 
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> bool:
+        """Move the lease of the ``running`` record ``owner`` holds to ``lease_expires_at``.
+
+        Fenced like ``complete``: ``False``, and nothing changed, when the record is
+        gone, finished or held by another owner. Called while the tool runs.
+        """
+        ...
+
     def get(self, key: CallKey) -> Record | None: ...
 
     def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
@@ -130,9 +143,36 @@ class AsyncLedger(Protocol):
 
     async def release(self, key: CallKey, *, owner: str) -> bool: ...
 
+    async def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> bool: ...
+
     async def get(self, key: CallKey) -> Record | None: ...
 
     async def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]: ...
+
+
+_offload: concurrent.futures.ThreadPoolExecutor | None = None
+_offload_lock = threading.Lock()
+
+
+def _offload_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads blocking ledger operations of async callers run in (sized like asyncio's default)."""
+    global _offload
+    with _offload_lock:
+        if _offload is None:
+            _offload = concurrent.futures.ThreadPoolExecutor(
+                max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="replaysafe-ledger"
+            )
+        return _offload
+
+
+def _forget_parent_pool() -> None:
+    # In a forked child the parent's threads do not exist: a copied pool would queue forever.
+    global _offload, _offload_lock
+    _offload = None
+    _offload_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_pool)
 
 
 class OffloadedAsyncLedger:
@@ -150,7 +190,10 @@ class OffloadedAsyncLedger:
 
     async def _run(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         if self._blocking:
-            return await asyncio.to_thread(method, *args, **kwargs)
+            # Our own pool rather than the loop's default executor: a forked child gets a
+            # new one (see _offload_pool), even when it goes on with a loop of its parent.
+            call = functools.partial(contextvars.copy_context().run, method, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(_offload_pool(), call)
         return method(*args, **kwargs)
 
     async def claim(self, key: CallKey, **kwargs: Any) -> ClaimResult:
@@ -167,6 +210,10 @@ class OffloadedAsyncLedger:
 
     async def release(self, key: CallKey, *, owner: str) -> bool:
         result: bool = await self._run(self._ledger.release, key, owner=owner)
+        return result
+
+    async def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> bool:
+        result: bool = await self._run(self._ledger.renew, key, owner=owner, lease_expires_at=lease_expires_at)
         return result
 
     async def get(self, key: CallKey) -> Record | None:

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 
 from .._records import CallKey, ClaimResult, Record, Status
 from ._protocol import LedgerBase, RetryPolicy, SigningKey
+
+# Ledgers whose lock a forked child must replace.
+_open_ledgers: weakref.WeakSet[MemoryLedger] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for ledger in list(_open_ledgers):
+        ledger._forget_parent_lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class MemoryLedger(LedgerBase):
@@ -23,6 +36,11 @@ class MemoryLedger(LedgerBase):
         super().__init__(retry=retry, signing_key=signing_key)
         self._lock = threading.Lock()
         self._records: dict[CallKey, Record] = {}
+        _open_ledgers.add(self)
+
+    def _forget_parent_lock(self) -> None:
+        # A fork may copy the lock held by another thread of the parent: it would never be released.
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"MemoryLedger(<{len(self._records)} records>)"
@@ -73,6 +91,14 @@ class MemoryLedger(LedgerBase):
             if found is None or found.owner != owner or found.status is not Status.RUNNING:
                 return False
             del self._records[key]
+            return True
+
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> bool:
+        with self._lock:
+            found = self._records.get(key)
+            if found is None or found.owner != owner or found.status is not Status.RUNNING:
+                return False
+            self._records[key] = found._replace(lease_expires_at=lease_expires_at)
             return True
 
     def get(self, key: CallKey) -> Record | None:

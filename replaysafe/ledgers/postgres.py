@@ -100,6 +100,10 @@ def _sql(table: str) -> dict[str, str]:
             WHERE call_key = %(call_key)s AND owner = %(owner)s AND status IN ('running', %(status)s)""",
         "release": f"""
             DELETE FROM {table} WHERE call_key = %(call_key)s AND owner = %(owner)s AND status = 'running'""",
+        # Fenced like complete: a lost or finished claim is left as it is.
+        "renew": f"""
+            UPDATE {table} SET lease_expires_at = %(lease_expires_at)s
+            WHERE call_key = %(call_key)s AND owner = %(owner)s AND status = 'running'""",
         "get": f"SELECT {_RECORD_COLUMNS} FROM {table} WHERE call_key = %(call_key)s AND {live}",
         "get_many": f"SELECT call_key, {_RECORD_COLUMNS} FROM {table} WHERE call_key = ANY(%(call_keys)s) AND {live}",
     }
@@ -409,6 +413,11 @@ class PostgresLedger(SqlLedger):
             cursor.execute(self._statements["release"], _params(key, owner=owner))
             return cursor.rowcount == 1
 
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
+        with self._cursor() as cursor:
+            cursor.execute(self._statements["renew"], _params(key, owner=owner, lease_expires_at=lease_expires_at))
+            return cursor.rowcount == 1
+
     def get(self, key: CallKey) -> Record | None:
         with self._cursor() as cursor:
             row = cursor.execute(self._statements["get"], _params(key, now=utcnow())).fetchone()
@@ -587,6 +596,12 @@ class _AsyncPostgresLedger:
     async def release(self, key: CallKey, *, owner: str) -> bool:
         async with self._cursor() as cursor:
             await cursor.execute(self._statements["release"], _params(key, owner=owner))
+            return cursor.rowcount == 1
+
+    async def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
+        params = _params(key, owner=owner, lease_expires_at=lease_expires_at)
+        async with self._cursor() as cursor:
+            await cursor.execute(self._statements["renew"], params)
             return cursor.rowcount == 1
 
     async def get(self, key: CallKey) -> Record | None:

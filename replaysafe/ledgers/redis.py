@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import re
 import typing
 import urllib.parse
@@ -98,6 +99,14 @@ local current = redis.call('HMGET', KEYS[1], 'owner', 'status')
 if current[1] ~= ARGV[1] or current[2] ~= 'running' then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], KEYS[1])
+return 1
+"""
+
+# KEYS[1] record. ARGV: owner, lease_expires_at. Fenced like complete.
+_RENEW = """
+local current = redis.call('HMGET', KEYS[1], 'owner', 'status')
+if current[1] ~= ARGV[1] or current[2] ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[2])
 return 1
 """
 
@@ -196,6 +205,18 @@ def _twin_pool(pool: Any, classes: dict[type, type], what: str) -> dict[str, Any
     return {"connection_class": connection_class, **settings}
 
 
+# Ledgers whose connections a forked child must not reuse.
+_open_ledgers: weakref.WeakSet[RedisLedger] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for ledger in list(_open_ledgers):
+        ledger._forget_parent_connections()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class RedisLedger(LedgerBase):
     """A ledger in Redis, shared by every worker that points at it.
 
@@ -253,6 +274,9 @@ class RedisLedger(LedgerBase):
             )
         self._aio_redis: _AsyncRedisLedger | None = None
         self._scripts: dict[str, Any] | None = None
+        # Clients a forked child inherited: kept, never used or closed (the parent's sockets).
+        self._orphans: list[Any] = []
+        _open_ledgers.add(self)
 
     def __repr__(self) -> str:
         return f"RedisLedger({self._where()}, prefix={self.prefix!r})"
@@ -311,6 +335,26 @@ class RedisLedger(LedgerBase):
             self._client.close()
             self._client = None
             self._scripts = None
+
+    def _forget_parent_connections(self) -> None:
+        """In a forked child: connect afresh. A socket shared with the parent would mix
+        the two processes' commands and replies."""
+        if self._client is not None and self._owns_client:
+            self._orphans.append(self._client)
+            self._client = None
+        self._scripts = None
+        if self._shared_aio is not None:
+            # The application's asyncio client is the parent's too: use a twin of it.
+            pool = self._shared_aio.connection_pool
+            self._orphans.append(self._shared_aio)
+            self._shared_aio = redis.asyncio.Redis(
+                connection_pool=redis.asyncio.ConnectionPool(
+                    connection_class=pool.connection_class, **pool.connection_kwargs
+                ),
+                retry=_once(asynchronous=True),
+            )
+        if self._aio_redis is not None:
+            self._aio_redis._forget_parent_connections()
 
     async def aclose(self) -> None:
         """``close()`` for async code: also waits for this loop's connections to close."""
@@ -389,6 +433,12 @@ class RedisLedger(LedgerBase):
     def release(self, key: CallKey, *, owner: str) -> bool:
         return bool(self._script("release")(keys=self._keys(key), args=[owner]) == 1)
 
+    def _renew_args(self, key: CallKey, owner: str, lease_expires_at: dt.datetime) -> dict[str, Any]:
+        return {"keys": self._keys(key)[:1], "args": [owner, _micros(lease_expires_at)]}
+
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
+        return bool(self._script("renew")(**self._renew_args(key, owner, lease_expires_at)) == 1)
+
     def get(self, key: CallKey) -> Record | None:
         fields = _fields(self.client.hgetall(self._keys(key)[0]))
         return _record(key, fields) if fields else None
@@ -440,7 +490,14 @@ class RedisLedger(LedgerBase):
 
 def _register(client: redis.Redis | redis.asyncio.Redis) -> dict[str, Any]:
     """The scripts as ``register_script`` objects: ``EVALSHA``, loading the script once if the server lacks it."""
-    scripts = {"claim": _CLAIM, "complete": _COMPLETE, "takeover": _TAKEOVER, "release": _RELEASE, "delete": _DELETE}
+    scripts = {
+        "claim": _CLAIM,
+        "complete": _COMPLETE,
+        "takeover": _TAKEOVER,
+        "release": _RELEASE,
+        "renew": _RENEW,
+        "delete": _DELETE,
+    }
     return {name: client.register_script(text) for name, text in scripts.items()}
 
 
@@ -464,6 +521,11 @@ class _AsyncRedisLedger:
             entry = self._clients[loop] = _LoopClient(self._ledger._new_async_client())
             entry.watch(loop)
         return entry.client, entry.scripts
+
+    def _forget_parent_connections(self) -> None:
+        self._ledger._orphans += self._clients.values()
+        self._clients = weakref.WeakKeyDictionary()
+        self._shared = None
 
     async def aclose(self) -> None:
         entry = self._clients.pop(asyncio.get_running_loop(), None)
@@ -507,6 +569,10 @@ class _AsyncRedisLedger:
     async def release(self, key: CallKey, *, owner: str) -> bool:
         _, scripts = self._scripts()
         return bool(await scripts["release"](keys=self._ledger._keys(key), args=[owner]) == 1)
+
+    async def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
+        _, scripts = self._scripts()
+        return bool(await scripts["renew"](**self._ledger._renew_args(key, owner, lease_expires_at)) == 1)
 
     async def get(self, key: CallKey) -> Record | None:
         client, _ = self._scripts()

@@ -135,6 +135,8 @@ class SqliteLedger(SqlLedger):
             "complete": f"UPDATE {table} SET status = ?, result = ?, updated_at = ?, expires_at = ? "
             "WHERE call_key = ? AND owner = ? AND status IN ('running', ?)",
             "release": f"DELETE FROM {table} WHERE call_key = ? AND owner = ? AND status = 'running'",
+            # Fenced like complete: a lost or finished claim is left as it is.
+            "renew": f"UPDATE {table} SET lease_expires_at = ? WHERE call_key = ? AND owner = ? AND status = 'running'",
         }
 
     def claim(
@@ -185,6 +187,11 @@ class SqliteLedger(SqlLedger):
     def release(self, key: CallKey, *, owner: str) -> bool:
         with self._cursor() as cursor:
             return bool(cursor.execute(self._sql["release"], (key_digest(*key), owner)).rowcount == 1)
+
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
+        params = (_stamp(lease_expires_at), key_digest(*key), owner)
+        with self._cursor() as cursor:
+            return bool(cursor.execute(self._sql["renew"], params).rowcount == 1)
 
     def get(self, key: CallKey) -> Record | None:
         with self._cursor() as cursor:

@@ -133,6 +133,55 @@ def test_takeover_of_an_in_doubt_record(ledger: Ledger) -> None:
     assert taken.attempt == 2
 
 
+def test_renew_moves_the_lease_of_its_owner_only(ledger: Ledger) -> None:
+    """A renewal by the owner moves the lease; a stranger's changes nothing and reports False."""
+    key = new_key()
+    claim(ledger, key, owner="a#1")
+    later = LEASE + timedelta(seconds=600)
+    assert not ledger.renew(key, owner="b#1", lease_expires_at=later)
+    stored = ledger.get(key)
+    assert stored is not None
+    assert (stored.owner, stored.lease_expires_at, stored.status) == ("a#1", LEASE, Status.RUNNING)
+    assert ledger.renew(key, owner="a#1", lease_expires_at=later)
+    stored = ledger.get(key)
+    assert stored is not None
+    assert (stored.owner, stored.lease_expires_at, stored.status, stored.attempt) == ("a#1", later, Status.RUNNING, 1)
+
+
+def test_renew_leaves_finished_taken_over_and_missing_records(ledger: Ledger) -> None:
+    """A renewal after completion, after a takeover or of no record changes nothing."""
+    later = LEASE + timedelta(seconds=600)
+    done = new_key()
+    claim(ledger, done, owner="a#1")
+    assert ledger.complete(done, owner="a#1", status=Status.COMPLETED, result='"ok"', now=NOW)
+    assert not ledger.renew(done, owner="a#1", lease_expires_at=later)
+    stored = ledger.get(done)
+    assert stored is not None
+    assert (stored.status, stored.result, stored.lease_expires_at) == (Status.COMPLETED, '"ok"', LEASE)
+
+    taken = new_key()
+    record = claim(ledger, taken, owner="a#1").record
+    assert ledger.takeover(record, owner="b#1", now=NOW, lease_expires_at=LEASE) is not None
+    assert not ledger.renew(taken, owner="a#1", lease_expires_at=later)
+    stored = ledger.get(taken)
+    assert stored is not None
+    assert (stored.owner, stored.lease_expires_at) == ("b#1", LEASE)
+
+    assert not ledger.renew(new_key(), owner="a#1", lease_expires_at=later)
+
+
+async def test_async_renew_is_fenced(ledger: Ledger) -> None:
+    """``.aio.renew`` moves the owner's lease and refuses a stranger's, like the sync one."""
+    key = new_key()
+    claim(ledger, key, owner="a#1")
+    later = LEASE + timedelta(seconds=600)
+    assert not await ledger.aio.renew(key, owner="b#1", lease_expires_at=later)
+    assert await ledger.aio.renew(key, owner="a#1", lease_expires_at=later)
+    stored = await ledger.aio.get(key)
+    assert stored is not None
+    assert (stored.owner, stored.lease_expires_at) == ("a#1", later)
+
+
 def test_threads_are_isolated(ledger: Ledger) -> None:
     """The same message and call ids in two threads are two calls."""
     one, two = new_key("thread-one"), new_key("thread-two")

@@ -1,0 +1,170 @@
+"""Keeping the leases of running calls alive: one daemon thread for sync tools, a task per async tool.
+
+This module only performs renewals; ``_leases`` decides when each is due and until
+when it extends the lease. A renewal never delays or fails the tool: its errors
+are logged, tried again with the ledger's retry policy and at the next tick, and a
+lease that was lost anyway (taken over) is reported when the call completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import tenacity
+
+from ._clock import utcnow
+from ._errors import describe
+from ._events import logger
+from ._leases import Lease, Schedule, first_due, renewal_interval
+from ._records import CallKey
+
+#: New leases queued before the renewer thread wakes to take them in (and drop ended ones).
+_MAX_INCOMING = 1024
+
+
+def _retrying(ledger: Any) -> dict[str, Any]:
+    """The ledger's retry policy, for one renewal (its first attempt included)."""
+    policy = ledger.retry
+    return {
+        "stop": tenacity.stop_after_attempt(max(policy.attempts, 1)) | tenacity.stop_after_delay(policy.max_seconds),
+        "wait": tenacity.wait_random_exponential(multiplier=0.01, max=0.1),
+        "retry": tenacity.retry_if_exception_type(ledger.transient_errors),
+        "reraise": True,
+    }
+
+
+def _report(lease: Lease, renewed: bool | None, error: BaseException | None) -> None:
+    if error is not None:
+        logger.warning(
+            "%s: its lease could not be renewed (%s); trying again in %gs. If it runs out, another host may "
+            "take the call over",
+            describe(lease.tool_name, lease.key),
+            type(error).__name__,
+            renewal_interval(lease.length),
+        )
+    elif renewed is False:
+        logger.warning(
+            "%s: its lease is no longer held by %s (taken over or settled by hand); its completion will report it",
+            describe(lease.tool_name, lease.key),
+            lease.owner,
+        )
+
+
+def renew_now(lease: Lease) -> bool | None:
+    """Renew one lease: ``True`` done, ``False`` no longer ours, ``None`` the ledger failed."""
+    try:
+        for attempt in tenacity.Retrying(**_retrying(lease.ledger)):
+            with attempt:
+                renewed = bool(lease.renewal(utcnow()).on(lease.ledger))
+    except Exception as exc:
+        _report(lease, None, exc)
+        return None
+    _report(lease, renewed, None)
+    return renewed
+
+
+async def arenew_now(lease: Lease) -> bool | None:
+    """``renew_now`` on the ledger's async operations."""
+    try:
+        async for attempt in tenacity.AsyncRetrying(**_retrying(lease.ledger)):
+            with attempt:
+                renewed = bool(await lease.renewal(utcnow()).on(lease.ledger.aio))
+    except Exception as exc:
+        _report(lease, None, exc)
+        return None
+    _report(lease, renewed, None)
+    return renewed
+
+
+def new_lease(ledger: Any, tool_name: str, key: CallKey, owner: str | None, length: timedelta) -> Lease | None:
+    """The lease of a call about to run; ``None`` when there is none to keep (an unprotected run)."""
+    if owner is None or not hasattr(ledger, "renew"):
+        return None
+    return Lease(key, owner, tool_name, length, ledger, first_due(length, time.monotonic()))
+
+
+class Renewer:
+    """One daemon thread renewing the leases of sync calls, earliest due first.
+
+    It never holds a call's thread. Adding a lease is an append and ending one a flag
+    (the protected call's hot path); the thread takes new leases in when it wakes: at
+    the next renewal due, when a new lease is due sooner, or when many have queued.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        # Also run in a forked child: the parent's thread does not exist there and
+        # its lock or event may have been copied mid-use.
+        self._incoming: collections.deque[Lease] = collections.deque()
+        self._wake = threading.Event()
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        #: When the thread next wakes by itself; -inf while it is awake (it sees new leases then).
+        self._wakes_at = -math.inf
+
+    def add(self, lease: Lease | None) -> None:
+        if lease is None:
+            return
+        self._incoming.append(lease)
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    thread = threading.Thread(target=self._run, name="replaysafe-lease-renewer", daemon=True)
+                    thread.start()
+                    self._thread = thread
+        elif lease.due < self._wakes_at or len(self._incoming) > _MAX_INCOMING:
+            self._wake.set()
+
+    @staticmethod
+    def remove(lease: Lease | None) -> None:
+        if lease is not None:
+            lease.end()
+
+    def _run(self) -> None:
+        schedule = Schedule()
+        timeout: float | None = 0.0  # the lease that started the thread is already queued
+        while True:
+            self._wake.wait(timeout)
+            self._wake.clear()
+            self._wakes_at = -math.inf  # awake: a lease added from now on is seen below or wakes us again
+            while self._incoming:
+                lease = self._incoming.popleft()
+                if lease.active:  # most calls end before their first renewal is due
+                    schedule.add(lease)
+            for lease in schedule.due(time.monotonic()):
+                lease.after_renewal(renew_now(lease), time.monotonic())
+                if lease.active:
+                    schedule.add(lease)
+            earliest = schedule.next_due()
+            timeout = None if earliest is None else max(earliest - time.monotonic(), 0.0)
+            self._wakes_at = math.inf if earliest is None else earliest
+
+
+renewer = Renewer()
+
+
+async def keep_renewed(lease: Lease) -> None:
+    """Renew ``lease`` until cancelled (when the async tool ends) or lost."""
+    while lease.active:
+        await asyncio.sleep(max(lease.due - time.monotonic(), 0.0))
+        renewed = await arenew_now(lease)
+        lease.after_renewal(renewed, time.monotonic())
+
+
+def start_renewing(lease: Lease | None) -> asyncio.Task[None] | None:
+    """A task in the running loop that keeps ``lease`` alive; cancel it when the tool ends."""
+    if lease is None or not hasattr(lease.ledger.aio, "renew"):
+        return None
+    return asyncio.get_running_loop().create_task(keep_renewed(lease), name="replaysafe-lease-renewer")
+
+
+os.register_at_fork(after_in_child=renewer._reset)

@@ -1,0 +1,346 @@
+"""Leases: renewed while a tool runs, so another host waits instead of taking the call over.
+
+The cross-host tests run two real processes on one real ledger. The second one
+names another machine in its owner tokens (``REPLAYSAFE_OWNER_MACHINE``), so it
+cannot check the first one's pid: only the lease tells it the owner is alive.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from replaysafe import (
+    CallKey,
+    Event,
+    EventKind,
+    Ledger,
+    MemoryLedger,
+    SqliteLedger,
+    Status,
+    on_event,
+    open_ledger,
+    replay_safe,
+    tool_call,
+)
+from replaysafe._identity import OWNER_MACHINE_ENV
+from replaysafe._leases import Lease, Schedule, first_due, renewal_interval
+
+from .conftest import _unavailable
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ["sync", "sync-worker", "async", "stream", "astream"]
+
+
+def _worker(
+    kind: str, url: str, effects: Path, thread: str, *, lease: str, seconds: float, wait: float, env: dict[str, str]
+) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "tests.lease_worker", kind, url, str(effects), thread, lease, str(seconds)]
+    return subprocess.Popen(
+        [*command, str(wait)],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_effect(effects: Path, process: subprocess.Popen[str]) -> None:
+    """Until the tool has started in ``process`` (bounded: a hung worker fails the test)."""
+    for _ in range(600):
+        if effects.exists() and effects.read_text():
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"the worker ended before its tool ran: {process.communicate()}")
+        time.sleep(0.05)
+    raise AssertionError("the worker's tool did not start within 30s")
+
+
+def _outcome(process: subprocess.Popen[str]) -> object:
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tool_outliving_its_lease_is_not_taken_over_by_another_host(
+    kind: str, durable_ledger_url: str, tmp_path: Path
+) -> None:
+    """A tool runs ~3x its lease; a process on 'another host' replays the same call meanwhile.
+
+    It waits for the owner's result instead of taking the call over: the tool runs once,
+    and both get the same result. Without renewal the lease runs out and it runs twice.
+    """
+    effects = tmp_path / "effects"
+    thread = f"lease-{uuid.uuid4().hex[:8]}"
+    owner = _worker(kind, durable_ledger_url, effects, thread, lease="0.9", seconds=3.0, wait=60, env={})
+    try:
+        _wait_for_effect(effects, owner)
+        other = _worker(
+            kind,
+            durable_ledger_url,
+            effects,
+            thread,
+            lease="0.9",
+            seconds=3.0,
+            wait=60,
+            env={OWNER_MACHINE_ENV: "another-host"},
+        )
+        owner_result, other_result = _outcome(owner), _outcome(other)
+    finally:
+        owner.kill()
+    ran = effects.read_text().splitlines()
+    assert ran == [f"ran {owner.pid}"]
+    assert other_result == owner_result
+    assert str(owner.pid) in json.dumps(owner_result)
+
+
+def test_the_renewed_lease_is_stored_while_the_tool_runs(durable_ledger_url: str) -> None:
+    """The record's lease moves forward while a long tool runs, and no further once it is done."""
+    seen = []
+    with open_ledger(durable_ledger_url) as ledger:
+        key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+
+        @replay_safe(ledger=ledger, lease=0.6, timeout=None)
+        def long_task() -> str:
+            first = ledger.get(key)
+            assert first is not None
+            seen.append(first.lease_expires_at)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # until a renewal has landed (bounded)
+                now = ledger.get(key)
+                assert now is not None
+                if now.lease_expires_at > first.lease_expires_at + timedelta(seconds=0.1):
+                    seen.append(now.lease_expires_at)
+                    break
+                time.sleep(0.05)
+            return "done"
+
+        with tool_call(*key):
+            assert long_task() == "done"
+        final = ledger.get(key)
+    assert len(seen) == 2, "the lease was never renewed while the tool ran"
+    assert final is not None
+    assert final.status is Status.COMPLETED
+
+
+# --- the pure schedule ------------------------------------------------------------------
+
+
+def _lease(length: float, due: float) -> Lease:
+    key = CallKey("t", "m", uuid.uuid4().hex)
+    return Lease(key, "host:1:1#1", "tool", timedelta(seconds=length), MemoryLedger(), due)
+
+
+def test_renewals_come_at_a_third_of_the_lease() -> None:
+    """A lease of 30 s is renewed every 10 s, the first time one interval after the claim."""
+    assert renewal_interval(timedelta(seconds=30)) == 10
+    assert first_due(timedelta(seconds=30), 100.0) == 110.0
+
+
+def test_schedule_gives_due_leases_earliest_first_and_forgets_ended_ones() -> None:
+    schedule = Schedule()
+    late, early, ended = _lease(30, 20.0), _lease(30, 5.0), _lease(30, 1.0)
+    for lease in (late, early, ended):
+        schedule.add(lease)
+    ended.end()
+    assert schedule.next_due() == 5.0
+    assert schedule.due(4.0) == []
+    assert schedule.due(25.0) == [early, late]
+    assert schedule.next_due() is None
+    assert len(schedule) == 0
+
+
+def test_a_failed_renewal_is_tried_at_the_next_tick_and_a_lost_lease_ends() -> None:
+    lease = _lease(3, 0.0)
+    lease.after_renewal(None, 10.0)  # the ledger failed: keep going
+    assert (lease.active, lease.due) == (True, 11.0)
+    lease.after_renewal(True, 11.0)
+    assert (lease.active, lease.due) == (True, 12.0)
+    lease.after_renewal(False, 12.0)  # taken over: stop
+    assert not lease.active
+
+
+def test_ended_leases_do_not_pile_up_in_the_schedule() -> None:
+    """Many short calls under a long lease: their entries are dropped long before they come due."""
+    schedule = Schedule()
+    keep = _lease(300, 100.0)
+    schedule.add(keep)
+    for _ in range(5000):
+        short = _lease(300, 100.0)
+        schedule.add(short)
+        short.end()
+    assert len(schedule._heap) <= 2048
+    assert schedule.due(200.0) == [keep]
+
+
+# --- hidepid: a live owner another user cannot see --------------------------------------
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory two unprivileged users can both write (the SQLite file and its WAL)."""
+    path = Path(tempfile.mkdtemp(prefix="replaysafe-hidepid-"))
+    path.chmod(0o777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _as_user(uid: int, command: list[str], *, hidepid: bool = False) -> list[str]:
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
+    if not hidepid:
+        return drop
+    # A private mount namespace with a fresh /proc that hides other users' processes.
+    script = 'mount -t proc -o hidepid=2 proc /proc && exec "$@"'
+    return ["unshare", "--mount", "--fork", "sh", "-c", script, "sh", *drop]
+
+
+@pytest.mark.slow
+# Not Redis: run as another user, the interpreter may be the system's, whose redis-py
+# import needs a backport (async_timeout) the test environment does not install.
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_an_owner_hidden_by_hidepid_is_waited_for_not_taken_over(
+    backend: str, shared_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    """The owner runs as one user; the replay runs as another, with /proc mounted hidepid=2.
+
+    The replaying worker cannot see the owner's process (no /proc entry, EPERM from
+    kill): that is no proof of death, so the lease decides and it waits.
+    """
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
+        _unavailable("the hidepid test needs root, unshare and setpriv to run workers as two users")
+    if backend == "sqlite":
+        database = shared_dir / "ledger.db"
+        database.touch(mode=0o666)  # SQLite creates its WAL files with the database file's mode
+        database.chmod(0o666)
+        url = f"sqlite:///{database}"
+    else:
+        url = str(request.getfixturevalue(f"{backend}_url"))
+    effects = shared_dir / "effects"
+    thread = f"hidepid-{uuid.uuid4().hex[:8]}"
+    worker = [sys.executable, "-m", "tests.lease_worker", "sync", url, str(effects), thread, "none"]
+    run = {"cwd": ROOT, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    owner = subprocess.Popen(_as_user(1, [*worker, "60", "1"]), **run)  # type: ignore[call-overload]
+    try:
+        _wait_for_effect(effects, owner)
+        with open_ledger(url) as ledger:
+            record = ledger.get(CallKey(thread, "msg_1", "call_1"))
+        assert record is not None and record.status is Status.RUNNING
+        replay = subprocess.run(
+            _as_user(65534, [*worker, "5", "1.5"], hidepid=True), cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert replay.returncode == 0, replay.stderr
+        assert json.loads(replay.stdout.strip().splitlines()[-1]) == "CallInProgressError", replay.stderr
+        look = (
+            "import os, sys; from replaysafe._identity import owner_alive; "
+            "pid = int(sys.argv[1].split(':')[1]); "
+            "print(os.path.exists(f'/proc/{pid}'), owner_alive(sys.argv[1]))"
+        )
+        seen = subprocess.run(
+            _as_user(65534, [sys.executable, "-c", look, record.owner], hidepid=True),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert seen.stdout.split() == ["False", "None"], seen.stderr
+    finally:
+        owner.kill()
+        owner.communicate(timeout=30)
+    # setpriv execs the worker: the owner's pid is the worker's.
+    assert effects.read_text().splitlines() == [f"ran {owner.pid}"]
+
+
+# --- renewals that fail, and leases that are lost ----------------------------------------
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(400):  # bounded: 20 s
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not happen within 20s")
+
+
+def test_a_renewal_that_fails_is_tried_again_at_the_next_tick(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The database is locked by another connection for a while: renewals fail (logged), the
+    tool goes on undisturbed, and the first renewal after the lock is gone moves the lease."""
+    ledger = SqliteLedger(tmp_path / "ledger.db", busy_timeout=0.05)
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+
+    @replay_safe(ledger=ledger, lease=1.2, timeout=None)
+    def long_task() -> str:
+        first = ledger.get(key)
+        assert first is not None
+        blocker = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")  # a real lock: every other writer gets "database is locked"
+        try:
+            _wait_for(lambda: "could not be renewed" in caplog.text, "a failed renewal")
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        _wait_for(
+            lambda: ledger.get(key).lease_expires_at > first.lease_expires_at,  # type: ignore[union-attr]
+            "a renewal after the lock was released",
+        )
+        return "done"
+
+    with caplog.at_level(logging.WARNING, logger="replaysafe"), tool_call(*key):
+        assert long_task() == "done"
+    record = ledger.get(key)
+    assert record is not None
+    assert (record.status, record.result) == (Status.COMPLETED, '"done"')
+    failed = [r for r in caplog.records if "could not be renewed" in r.getMessage()]
+    assert failed and "OperationalError" in failed[0].getMessage()
+    assert key.thread_id in failed[0].getMessage()
+    ledger.close()
+
+
+def test_a_lost_lease_stops_renewing_and_the_owner_learns_it_at_completion(
+    durable_ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another worker takes the call over while the tool runs: the renewal reports the lease
+    lost and changes nothing; the completion is fenced out and reported as a duplicate."""
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+    events: list[Event] = []
+    unsubscribe = on_event(events.append)
+
+    @replay_safe(ledger=durable_ledger, lease=0.6, timeout=None)
+    def long_task() -> str:
+        record = durable_ledger.get(key)
+        assert record is not None
+        now = datetime.now(timezone.utc)
+        taken = durable_ledger.takeover(
+            record, owner="another-host:1:1#1", now=now, lease_expires_at=now + timedelta(seconds=600)
+        )
+        assert taken is not None
+        _wait_for(lambda: "is no longer held" in caplog.text, "the renewer noticing the lost lease")
+        return "done"
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="replaysafe"), tool_call(*key):
+            assert long_task() == "done"
+    finally:
+        unsubscribe()
+    record = durable_ledger.get(key)
+    assert record is not None
+    assert (record.owner, record.status) == ("another-host:1:1#1", Status.RUNNING)
+    assert record.lease_expires_at > datetime.now(timezone.utc) + timedelta(seconds=500)  # not renewed by us
+    assert [e.kind for e in events if e.kind is EventKind.DUPLICATE_DETECTED] == [EventKind.DUPLICATE_DETECTED]
