@@ -25,6 +25,7 @@ from replaysafe import (
     MissingCallIdError,
     RecordedToolError,
     ReplayMismatchError,
+    ResultEncodingError,
     Status,
     UnprotectedCallWarning,
     current_call,
@@ -671,10 +672,11 @@ def test_custom_serializer(ledger: Ledger) -> None:
         assert tool() == "loaded:ABC"
 
 
-def test_unencodable_result_is_returned_and_the_call_left_in_doubt(
+def test_unencodable_result_is_returned_and_the_call_recorded_as_run(
     ledger: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A result JSON cannot hold is a record failure: logged with its type, returned, call in doubt."""
+    """A result JSON cannot hold: logged with its type, returned, and the call recorded as
+    finished without its result, so a replay raises instead of running it again."""
 
     class Opaque:
         pass
@@ -693,10 +695,10 @@ def test_unencodable_result_is_returned_and_the_call_left_in_doubt(
     assert any("Opaque" in r.getMessage() and ids[0] in r.getMessage() for r in caplog.records)
     record = ledger.get(CallKey(*ids))
     assert record is not None
-    assert record.status is Status.IN_DOUBT
-    with tool_call(*ids):  # the default in-doubt policy runs it again
-        assert tool() is value
-    assert runs == [1, 1]
+    assert record.status is Status.COMPLETED
+    with tool_call(*ids), pytest.raises(ResultEncodingError):
+        tool()
+    assert runs == [1]
 
 
 # --- 9. parallel calls -----------------------------------------------------------------------
