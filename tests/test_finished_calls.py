@@ -214,3 +214,27 @@ def test_resolve_settles_a_call_whose_result_was_not_recorded(ledger: Ledger) ->
     with tool_call(*ids):
         assert tool() == {"invites": 3}
     assert runs == [1]
+
+
+def test_resolve_with_force_settles_a_call_whose_result_cannot_be_read(ledger: Ledger) -> None:
+    runs: list[str] = []
+
+    @replay_safe(ledger=ledger, name="refund")
+    def refund_before(order_id: str) -> RefundV1:
+        runs.append(order_id)
+        return RefundV1(refund_id="r-1")
+
+    @replay_safe(ledger=ledger, name="refund")
+    def refund_after_deploy(order_id: str) -> RefundV2:
+        runs.append(order_id)
+        return RefundV2(refund_id="r-2", currency="EUR")
+
+    ids = new_ids()
+    with tool_call(*ids):
+        refund_before("o-1")
+    with pytest.raises(ValueError, match="force=True"):  # a readable-looking finished record: not by accident
+        ledger.resolve(CallKey(*ids), result={"refund_id": "r-1", "currency": "EUR"})
+    ledger.resolve(CallKey(*ids), result={"refund_id": "r-1", "currency": "EUR"}, force=True)
+    with tool_call(*ids):
+        assert refund_after_deploy("o-1") == RefundV2(refund_id="r-1", currency="EUR")
+    assert runs == ["o-1"]
