@@ -188,20 +188,23 @@ async def test_cancelled_during_the_claim_the_claim_is_released(stalled: tuple[L
 
 async def test_cancelled_during_the_result_write_the_result_is_recorded(stalled: tuple[Ledger, Stall]) -> None:
     ledger, stall = stalled
-    key, runs = new_key(), []
+    key, runs, returned = new_key(), [], asyncio.Event()
 
     @replay_safe(ledger=ledger)
     async def refund() -> str:
         runs.append(1)
         stall.hold()  # the tool ran: its result write now waits
+        returned.set()
         return "refunded"
 
     async def call() -> str:
         async with tool_call(*key):
             return await refund()
 
+    task = asyncio.create_task(call())
     try:
-        await _cancel_after(asyncio.create_task(call()))
+        await asyncio.wait_for(returned.wait(), 60)  # bounded, should the call fail first
+        await _cancel_after(task)
     finally:
         stall.resume()
     record = await asyncio.to_thread(settled, ledger, key, lambda r: r is not None and r.status is not Status.RUNNING)
@@ -226,7 +229,7 @@ async def test_cancelled_during_the_in_doubt_write_the_call_is_in_doubt(stalled:
             return await charge()
 
     task = asyncio.create_task(call())
-    await started.wait()
+    await asyncio.wait_for(started.wait(), 60)
     stall.hold()
     task.cancel()  # the tool is cancelled; its in-doubt write waits on the stalled ledger
     try:
