@@ -262,8 +262,9 @@ SIGINT_CHILD = """
         print("ran", flush=True)
         return "sent"
 
-    print("claiming", flush=True)
+    ledger.get(replaysafe.CallKey("warm", "up", "-"))  # connected: the next operation is the claim
     try:
+        print("claiming", flush=True)
         with replaysafe.tool_call(sys.argv[2], "msg_1", "call_1"):
             send_invite()
         print("not interrupted", flush=True)
