@@ -17,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -263,6 +264,8 @@ SIGINT_CHILD = """
         return "sent"
 
     ledger.get(replaysafe.CallKey("warm", "up", "-"))  # connected: the next operation is the claim
+    print("ready", flush=True)
+    sys.stdin.readline()  # the parent stalls the ledger
     try:
         print("claiming", flush=True)
         with replaysafe.tool_call(sys.argv[2], "msg_1", "call_1"):
@@ -282,10 +285,15 @@ def test_sigint_during_a_sync_claim_releases_it(backend: str, request: pytest.Fi
 
 def _sigint_during_the_claim(ledger: Ledger, stall: Stall, url: str) -> None:
     key = new_key()
-    stall.hold()
     child = _child(SIGINT_CHILD, url, key.thread_id)
+    watchdog = threading.Timer(120, child.kill)  # a hung child ends the reads below: bounded
+    watchdog.start()
     try:
         assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        stall.hold()
+        child.stdin.write("\n")
+        child.stdin.flush()
         assert child.stdout.readline().strip() == "claiming"
         time.sleep(IN_FLIGHT)  # its claim is in flight, waiting on the stall
         child.send_signal(signal.SIGINT)
@@ -298,6 +306,7 @@ def _sigint_during_the_claim(ledger: Ledger, stall: Stall, url: str) -> None:
         child.stdin.flush()
         assert child.wait(timeout=60) == 0, child.stderr.read() if child.stderr else ""
     finally:
+        watchdog.cancel()
         if child.poll() is None:
             child.kill()
         child.communicate(timeout=60)  # and closes its pipes
