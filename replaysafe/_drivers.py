@@ -101,9 +101,8 @@ def _reason(cause: BaseException) -> str:
     module = type(cause).__module__
     if (
         isinstance(cause, (OSError, sqlite3.Error))
-        or (module.startswith("redis") and isinstance(cause, (ConnectionError, TimeoutError)))
         or (module.startswith("redis") and name in ("ConnectionError", "TimeoutError", "BusyLoadingError"))
-        or (module.startswith("psycopg") and name == "OperationalError")
+        or (module.startswith("psycopg") and name == "OperationalError")  # no SQLSTATE: a connection failure
     ):
         return f"{name}: {str(cause).strip()}"
     return name

@@ -235,3 +235,23 @@ def test_ledger_failures_timeouts_and_waits(tmp_path: Path, seen: Seen) -> None:
     )
     seen.run(call(key, held, SECRET))  # CallInProgressError
     memory.close()
+
+
+def test_a_driver_error_is_quoted_only_when_it_cannot_hold_a_parameter(postgres_server_url: str) -> None:
+    """PostgreSQL's data errors (SQLSTATE class 22) quote the offending value: only their type
+    and SQLSTATE reach a LedgerError; other errors keep their text, which names the fix."""
+    import psycopg
+
+    from replaysafe._drivers import _reason
+
+    from . import servers
+
+    with psycopg.connect(servers.libpq_url(postgres_server_url), autocommit=True) as connection:
+        with pytest.raises(psycopg.errors.InvalidTextRepresentation) as data_error:
+            connection.execute("SELECT %s::int", (SECRET,))
+        with pytest.raises(psycopg.errors.UndefinedTable) as missing_table:
+            connection.execute("SELECT 1 FROM replaysafe_no_such_table")
+    assert SECRET in str(data_error.value)  # the driver quotes it...
+    assert _reason(data_error.value) == "InvalidTextRepresentation 22P02"  # ...the message does not
+    assert "replaysafe_no_such_table" in _reason(missing_table.value)
+    assert _reason(ValueError(SECRET)) == "ValueError"
