@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from . import _constants
+from . import _constants, _unrecorded
 from ._clock import utcnow
 from ._codec import Reviver, Serializer, reviver_for
 from ._context import CallInfo, CallScope, InDoubt
@@ -32,6 +32,7 @@ from ._errors import (
     CallInProgressError,
     LedgerError,
     RecordedToolError,
+    RecordUnreadableError,
     ReplayMismatchError,
     ResultEncodingError,
     TamperedRecordError,
@@ -216,6 +217,15 @@ class Reconcile:
     call: CallInfo
 
 
+class ToolExit(BaseException):
+    """A ``GeneratorExit`` the tool (or reconciler) raised, as the drivers throw it into the
+    protocol: a bare one would read as the protocol being closed, and skip settling."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(type(original).__name__)
+        self.original = original
+
+
 @dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build
 class Replay:
     """``begin``'s decision to return ``value`` without running the tool."""
@@ -273,7 +283,14 @@ def _check_same_call(spec: ToolSpec, record: Record, args_digest: str) -> None:
 
 
 def encode_error(exc: BaseException) -> str:
-    return json.dumps({"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": str(exc)})
+    """A recorded failure: the error's type name and message (data, like a result: it may
+    quote arguments, so it is stored and handed back as ``error_message``, never put in a
+    message)."""
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the record
+        message = ""
+    return json.dumps({"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": message})
 
 
 def recorded_error(spec: ToolSpec, record: Record, text: str | None) -> RecordedToolError:
@@ -281,15 +298,48 @@ def recorded_error(spec: ToolSpec, record: Record, text: str | None) -> Recorded
         stored = json.loads(text or "{}")
         error_type, error_message = str(stored["type"]), str(stored["message"])
     except (ValueError, KeyError, TypeError):
-        error_type, error_message = "<unreadable>", text or ""
+        raise _unreadable(spec, record, "its recorded error cannot be decoded") from None
     return RecordedToolError(
-        f"{describe(spec.name, record.key)} raised {error_type}: {error_message} when it first ran, and that "
-        "failure is recorded, so it was not run again. Delete the record (ledger.delete(key)) to allow a retry.",
+        f"{describe(spec.name, record.key)} raised {error_type} when it first ran, and that failure is recorded, "
+        "so it was not run again (its message is in .error_message). Delete the record (ledger.delete(key)) to "
+        "allow a retry.",
         error_type=error_type,
         error_message=error_message,
         tool_name=spec.name,
         key=record.key,
     )
+
+
+def _not_recorded(spec: ToolSpec, record: Record, unrecorded: _unrecorded.Unrecorded) -> ResultEncodingError:
+    """A replay of a call that ran but whose result could not be stored: it never runs again."""
+    key = record.key
+    idempotency_key = call_idempotency_key(*key, spec.name)
+    message = (
+        f"{describe(spec.name, key)} {unrecorded.describe()}, so it is not run again and has nothing to return "
+        f"(idempotency key {idempotency_key}). Settle it: {_resolve_command(key)} "
+        "--result '<json>' (or --rerun to allow a new run); then return smaller or encodable data, raise "
+        "max_result_bytes, or pass a serializer=."
+    )
+    emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=record.attempt)
+    return ResultEncodingError(message, tool_name=spec.name, key=key, idempotency_key=idempotency_key)
+
+
+def _unreadable(spec: ToolSpec, record: Record, why: str) -> RecordUnreadableError:
+    """A finished call whose record cannot be read back: it never runs again (nor unprotected)."""
+    key = record.key
+    idempotency_key = call_idempotency_key(*key, spec.name)
+    message = (
+        f"the {record.status} record of {describe(spec.name, key)} cannot be read: {why}. The call ran, so it is "
+        f"not run again (idempotency key {idempotency_key}). Inspect it with replaysafe ledger show, then settle it: "
+        f"{_resolve_command(key)} --result '<json>' (or --rerun to allow a new run)."
+    )
+    emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=record.attempt)
+    return RecordUnreadableError(message, tool_name=spec.name, key=key, idempotency_key=idempotency_key)
+
+
+def _resolve_command(key: CallKey) -> str:
+    # Ids are JSON-quoted: shell-safe enough to copy, and control characters escaped.
+    return f"replaysafe ledger --ledger <url> resolve {' '.join(json.dumps(part) for part in key)}"
 
 
 def _call_info(
@@ -326,7 +376,7 @@ def begin(
         return Run(_call_info(spec, key, attempt, args, kwargs), owner, timeout, args_digest, sealer)
 
     lease = spec.lease_for(timeout)
-    deadline: datetime | None = None
+    deadline: float | None = None
     backoff = _constants.WAIT_BACKOFF_FIRST
     while True:
         now = utcnow()
@@ -342,16 +392,15 @@ def begin(
         verdict = judge(record, now)
         if verdict is Verdict.REPLAY:
             text = _trusted_text(spec, record, sealer)
+            unrecorded = _unrecorded.parse(text)
+            if unrecorded is not None:
+                raise _not_recorded(spec, record, unrecorded)
             try:
                 value = spec.decode(text)
             except Exception as exc:
-                unreadable = LedgerError(
-                    f"the recorded result of {describe(spec.name, key)} cannot be decoded ({exc!r}); inspect the "
-                    "record, and delete it or settle it with ledger.resolve()",
-                    tool_name=spec.name,
-                    key=key,
-                )
-                return _unprotected(spec, key, unreadable, args, kwargs, timeout)
+                # The call ran: never run it again, and never quote the stored value
+                # (a decode error's text often does), so the cause is not chained.
+                raise _unreadable(spec, record, f"its result cannot be decoded ({type(exc).__name__})") from None
             if wanted(EventKind.REPLAYED):  # the hot path: build no message nobody reads
                 emit(
                     EventKind.REPLAYED,
@@ -396,9 +445,10 @@ def begin(
                     return Replay(answer)
             return run(taken.attempt)
         # A live owner runs this very call: wait for its result, with a bounded backoff.
+        # The deadline is on the monotonic clock: a wall clock stepped back must not stretch it.
         if deadline is None:
-            deadline = now + timedelta(seconds=spec.wait_timeout)
-        left = (deadline - now).total_seconds()
+            deadline = time.monotonic() + spec.wait_timeout
+        left = deadline - time.monotonic()
         if left <= 0:
             raise CallInProgressError(
                 f"{describe(spec.name, key)} is still running in {record.owner} (attempt {record.attempt}, lease "
@@ -416,7 +466,7 @@ def _report_in_doubt(spec: ToolSpec, record: Record, policy: InDoubt) -> None:
         "rerun": f"Running it again as attempt {record.attempt + 1}; hand current_call().idempotency_key to the "
         "provider so it can dedupe.",
         "raise": "Raising CallInDoubtError (in_doubt='raise'); settle it with ledger.resolve().",
-    }.get(policy if isinstance(policy, str) else "", f"Asking the reconciler {getattr(policy, '__name__', policy)}.")
+    }.get(policy if isinstance(policy, str) else "", f"Asking the reconciler {_callable_name(policy)}.")
     emit(
         EventKind.IN_DOUBT,
         f"{describe(spec.name, record.key)} is in doubt: its owner {record.owner} died or gave up while the tool "
@@ -426,6 +476,11 @@ def _report_in_doubt(spec: ToolSpec, record: Record, policy: InDoubt) -> None:
         owner=record.owner,
         attempt=record.attempt,
     )
+
+
+def _callable_name(function: object) -> str:
+    # Never repr(): a functools.partial's repr quotes its bound arguments.
+    return str(getattr(function, "__qualname__", None) or type(function).__qualname__)
 
 
 def _trusted_text(spec: ToolSpec, record: Record, sealer: Sealer | None) -> str | None:
@@ -497,21 +552,34 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
     if run.owner is None:
         return
     key = run.call.key
+    marker: str | None = None
     try:
         encoded = spec.serializer.dumps(result)
-        if len(encoded) > spec.max_result_bytes:
-            raise ResultEncodingError(
-                f"its encoded size, {len(encoded)} bytes, is over max_result_bytes={spec.max_result_bytes}"
-            )
     except Exception as exc:
+        # The error's text is not used: it may quote the value.
+        marker, why = _unrecorded.mark("not_encodable", result), f"the serializer raised {type(exc).__name__}"
+    else:
+        if _unrecorded.is_reserved(encoded):
+            marker, why = _unrecorded.mark("not_encodable", result), "its encoding starts with a reserved prefix"
+        elif len(encoded) > spec.max_result_bytes:
+            marker = _unrecorded.mark("too_large", result, len(encoded))
+            why = f"its encoded size, {len(encoded)} bytes, is over max_result_bytes={spec.max_result_bytes}"
+    if marker is not None:
+        # The tool ran: record it as finished, without its result, so that it never runs again.
+        yield from _finish(spec, run, Status.COMPLETED, marker, fail_closed=True, result=result)
+        idempotency_key = call_idempotency_key(*key, spec.name)
         message = (
-            f"{describe(spec.name, key)} ran, but its result cannot be recorded: {exc}. The call is marked in "
-            "doubt, so a replay applies the in-doubt policy. Return JSON-able data, or pass a serializer=."
+            f"{describe(spec.name, key)} ran, but its result (a {_unrecorded.type_name(result)}) cannot be "
+            f"recorded: {why}. The call is recorded as finished without its result, so a replay raises "
+            f"ResultEncodingError and never runs it again (idempotency key {idempotency_key}); settle it with "
+            f"{_resolve_command(key)} --result '<json>'. Return JSON-able data of "
+            "a bounded size, raise max_result_bytes, or pass a serializer=."
         )
         emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=run.call.attempt)
-        yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
         if spec.on_ledger_error == "raise":
-            raise LedgerError(message, tool_name=spec.name, key=key, result=result) from exc
+            raise ResultEncodingError(
+                message, tool_name=spec.name, key=key, idempotency_key=idempotency_key, result=result
+            )
         return
     yield from _finish(spec, run, Status.COMPLETED, encoded, fail_closed=True, result=result)
     if not wanted(EventKind.EXECUTED):

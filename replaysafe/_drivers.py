@@ -11,9 +11,11 @@ import _signal  # type: ignore[import-not-found]  # CPython's C half of the sign
 import asyncio
 import concurrent.futures
 import contextvars
+import functools
 import inspect
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -35,6 +37,7 @@ from ._core import (
     RunTool,
     Sleep,
     Takeover,
+    ToolExit,
     ToolSpec,
     begin,
     settle_error,
@@ -76,12 +79,60 @@ def _ledger_error(effect: LedgerOp, spec: ToolSpec, ledger: Ledger, exc: BaseExc
     cause = getattr(exc, "orig", None) or exc
     return LedgerError(
         f"ledger {operation} failed for {describe(spec.name, effect.key)} on {ledger!r} "
-        f"({type(cause).__name__}: {str(cause).strip()}). Check that the ledger is reachable and its table exists."
+        f"({_reason(cause)}). Check that the ledger is reachable and its table exists."
         + (" The write will be tried again in the background until the ledger answers." if deferred else ""),
         tool_name=spec.name,
         key=effect.key,
         transient=transient,
     )
+
+
+def _reason(cause: BaseException) -> str:
+    """A driver error as a message may quote it: its text only when it cannot hold a value.
+
+    Connection and file errors, SQLite's and Redis's connection errors name no
+    parameter; a PostgreSQL error's primary message does not either, except for data
+    errors (SQLSTATE class 22), which quote the offending value. Anything else: its type.
+    """
+    name = type(cause).__name__
+    sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        primary = getattr(getattr(cause, "diag", None), "message_primary", None)
+        if primary and not sqlstate.startswith("22"):
+            return f"{name} {sqlstate}: {primary}"
+        return f"{name} {sqlstate}"
+    module = type(cause).__module__
+    if (
+        isinstance(cause, (OSError, sqlite3.Error))
+        or (module.startswith("redis") and name in ("ConnectionError", "TimeoutError", "BusyLoadingError"))
+        or (module.startswith("psycopg") and name == "OperationalError")  # no SQLSTATE: a connection failure
+    ):
+        return f"{name}: {str(cause).strip()}"
+    return name
+
+
+def _held_after(effect: LedgerOp, outcome: Any) -> Complete | Release | None:
+    """What to undo if the call stops now, ``effect`` having returned ``outcome``: the
+    claim (or takeover) it holds; ``None`` once a finishing write has landed."""
+    if isinstance(effect, Claim):
+        record = outcome.record
+        ours = outcome.claimed or (record.status is Status.RUNNING and record.owner == effect.owner)
+        return Release(effect.key, effect.owner) if ours else None
+    if isinstance(effect, Takeover):
+        return _cleanup_for(effect) if outcome is not None else None
+    return None
+
+
+def _after_interrupted(effect: LedgerOp, ledger: Ledger, tool_name: str, op: asyncio.Future[Any]) -> None:
+    """A shielded ledger operation whose caller was cancelled has ended: undo or finish it."""
+    if op.cancelled():
+        cleanup: Complete | Release | None = _cleanup_for(effect)  # its outcome is unknown
+    elif op.exception() is not None:
+        cleanup = None  # a LedgerError: kept for later already when it was transient
+    else:
+        cleanup = _held_after(effect, op.result())
+    if cleanup is not None:
+        pending_writes.defer(cleanup, ledger, tool_name)
 
 
 def _cleanup_for(effect: LedgerOp) -> Complete | Release:
@@ -122,6 +173,25 @@ def _perform_ledger_op(effect: LedgerOp, ledger: Ledger, spec: ToolSpec) -> Any:
     except Exception as exc:
         raise _ledger_error(effect, spec, ledger, exc) from exc
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _aperform_shielded(effect: LedgerOp, ledger: Ledger, spec: ToolSpec) -> Any:
+    """``_aperform_ledger_op``, shielded from the caller's cancellation.
+
+    A command already sent (or a worker thread already running it) cannot be
+    recalled: cancelling its await would leave a claim landed, or a finishing write
+    half done, with nobody to undo it. So it runs to its end in a task of its own;
+    a cancelled caller leaves at once, and the operation's outcome is undone or
+    written later (``_after_interrupted``) once it is known.
+    """
+    if not getattr(ledger, "blocking_io", True):
+        return await _aperform_ledger_op(effect, ledger, spec)  # never suspends: nothing to shield
+    op = asyncio.ensure_future(_aperform_ledger_op(effect, ledger, spec))
+    try:
+        return await asyncio.shield(op)
+    except asyncio.CancelledError:
+        op.add_done_callback(functools.partial(_after_interrupted, effect, ledger, spec.name))
+        raise
 
 
 async def _aperform_ledger_op(effect: LedgerOp, ledger: Ledger, spec: ToolSpec) -> Any:
@@ -329,30 +399,60 @@ async def _await_with_timeout(spec: ToolSpec, run: Run, awaitable: Any) -> Any:
 # --- the drive loops --------------------------------------------------------------------
 
 
+# What is held, and undone if the call ends by an exception before its tool runs or
+# while a finishing write is in flight (an interrupt, SystemExit): the claim is
+# released, a takeover put back in doubt, a finishing write kept for the pending-write
+# recovery. Each is fenced by owner, so it does nothing if the operation never landed.
+# Once the tool has run, ``settle_error`` owns the outcome.
+
+
+def _thrown(exc: BaseException) -> BaseException:
+    # The protocol's own GeneratorExit means "closed": a tool's is carried as ToolExit.
+    return ToolExit(exc) if isinstance(exc, GeneratorExit) else exc
+
+
+def _ended(exc: BaseException, held: Complete | Release | None, ledger: Ledger, spec: ToolSpec) -> BaseException:
+    if held is not None:
+        pending_writes.defer(held, ledger, spec.name)
+    return exc.original if isinstance(exc, ToolExit) else exc
+
+
 def drive(
     protocol: Generator[Effect, Any, Any], ledger: Ledger, spec: ToolSpec, scope: CallScope, wrapped: Callable[..., Any]
 ) -> Any:
     send: Any = None
     error: BaseException | None = None
-    while True:
-        try:
-            effect = protocol.send(send) if error is None else protocol.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        send = error = None
-        try:
-            if isinstance(effect, RunTool):
-                send = _invoke(spec, scope, effect.run, wrapped, ledger)
-            elif isinstance(effect, Sleep):
-                time.sleep(effect.seconds)
-            elif isinstance(effect, Reconcile):
-                send = effect.reconciler(effect.call)
-                if inspect.isawaitable(send):
-                    raise TypeError(f"{spec.name} is a sync tool: its in_doubt reconciler must be sync too")
-            else:
-                send = _perform_ledger_op(effect, ledger, spec)
-        except BaseException as exc:
-            error = exc
+    held: Complete | Release | None = None
+    try:
+        while True:
+            try:
+                effect = protocol.send(send) if error is None else protocol.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            send = error = None
+            try:
+                if isinstance(effect, RunTool):
+                    held = None
+                    send = _invoke(spec, scope, effect.run, wrapped, ledger)
+                elif isinstance(effect, Sleep):
+                    time.sleep(effect.seconds)
+                elif isinstance(effect, Reconcile):
+                    send = effect.reconciler(effect.call)
+                    if inspect.isawaitable(send):
+                        raise TypeError(f"{spec.name} is a sync tool: its in_doubt reconciler must be sync too")
+                else:
+                    held = _cleanup_for(effect)  # until it returns, whether it landed is unknown
+                    send = _perform_ledger_op(effect, ledger, spec)
+                    held = _held_after(effect, send)
+            except LedgerError as exc:
+                held, error = None, exc  # a transient failure's cleanup is kept already
+            except BaseException as exc:
+                error = _thrown(exc)
+    except BaseException as exc:
+        original = _ended(exc, held, ledger, spec)
+        if original is exc:
+            raise
+        raise original from None
 
 
 async def adrive(
@@ -360,25 +460,41 @@ async def adrive(
 ) -> Any:
     send: Any = None
     error: BaseException | None = None
-    while True:
-        try:
-            effect = protocol.send(send) if error is None else protocol.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        send = error = None
-        try:
-            if isinstance(effect, RunTool):
-                send = await _ainvoke(spec, effect.run, wrapped, ledger)
-            elif isinstance(effect, Sleep):
-                await asyncio.sleep(effect.seconds)
-            elif isinstance(effect, Reconcile):
-                send = effect.reconciler(effect.call)
-                if inspect.isawaitable(send):
-                    send = await send
-            else:
-                send = await _aperform_ledger_op(effect, ledger, spec)
-        except BaseException as exc:
-            error = exc
+    held: Complete | Release | None = None
+    try:
+        while True:
+            try:
+                effect = protocol.send(send) if error is None else protocol.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            send = error = None
+            try:
+                if isinstance(effect, RunTool):
+                    held = None
+                    send = await _ainvoke(spec, effect.run, wrapped, ledger)
+                elif isinstance(effect, Sleep):
+                    await asyncio.sleep(effect.seconds)
+                elif isinstance(effect, Reconcile):
+                    send = effect.reconciler(effect.call)
+                    if inspect.isawaitable(send):
+                        send = await send
+                else:
+                    held = _cleanup_for(effect)
+                    try:
+                        send = await _aperform_shielded(effect, ledger, spec)
+                    except asyncio.CancelledError:
+                        held = None  # the shielded operation undoes itself once it ends
+                        raise
+                    held = _held_after(effect, send)
+            except LedgerError as exc:
+                held, error = None, exc
+            except BaseException as exc:
+                error = _thrown(exc)
+    except BaseException as exc:
+        original = _ended(exc, held, ledger, spec)
+        if original is exc:
+            raise
+        raise original from None
 
 
 # --- streaming tools: chunks flow to the caller between the two phases ------------------

@@ -103,13 +103,47 @@ class ArgumentDigestError(ReplaySafeError, TypeError):
 
 
 class ResultEncodingError(ReplaySafeError, TypeError):
-    """A tool's result cannot be encoded by the ledger's serializer."""
+    """A tool's result cannot be encoded by the ledger's serializer (or is over ``max_result_bytes``).
+
+    Raised to the first caller under ``on_ledger_error="raise"`` (with the value in
+    ``result``), and by every replay of such a call: it ran, its result was not
+    recorded, so it is never run again until settled with ``replaysafe ledger resolve``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tool_name: str | None = None,
+        key: CallKey | None = None,
+        idempotency_key: str | None = None,
+        result: Any = None,
+    ) -> None:
+        super().__init__(message, tool_name=tool_name, key=key)
+        self.idempotency_key = idempotency_key
+        self.result = result
+
+
+class RecordUnreadableError(ReplaySafeError):
+    """A finished call's recorded result cannot be read back (a changed model, a corrupt record).
+
+    The call ran, so it is not run again: settle the record with ``replaysafe ledger
+    resolve``. ``idempotency_key`` is the key the call handed its provider.
+    """
+
+    def __init__(
+        self, message: str, *, idempotency_key: str, tool_name: str | None = None, key: CallKey | None = None
+    ) -> None:
+        super().__init__(message, tool_name=tool_name, key=key)
+        self.idempotency_key = idempotency_key
 
 
 class RecordedToolError(ReplaySafeError):
     """Replay of a call whose tool raised, recorded with ``record_errors``.
 
-    Carries the original exception's type name and message; it is never unpickled.
+    Carries the original exception's type name and, in ``error_message`` only, its
+    message (which may quote the tool's arguments: it is data, like a result, so the
+    exception's own text names the type alone). It is never unpickled.
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Finishing writes the ledger refused, tried again in the background until it takes them.
+"""Finishing writes the ledger refused (or an interrupt cut short), tried again in the background.
 
 When a tool has run but its record (or the release of its claim) cannot be
 written because the ledger is down, the claim would otherwise stay ``running``
@@ -88,7 +88,7 @@ class PendingWrites:
                 progress = True
                 self._forget(write)
                 logger.warning(
-                    "%s: a %s that had failed was written now that the ledger answers%s",
+                    "%s: a %s kept for later (it had failed or been interrupted) is written now%s",
                     describe(write.tool_name, write.effect.key),
                     type(write.effect).__name__.lower(),
                     "" if written else " (its claim had been taken over meanwhile)",

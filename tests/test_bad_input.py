@@ -17,7 +17,8 @@ from replaysafe import (
     CallKey,
     InvalidCallIdError,
     Ledger,
-    LedgerError,
+    RecordUnreadableError,
+    ResultEncodingError,
     SqliteLedger,
     Status,
     replay_safe,
@@ -84,12 +85,17 @@ def test_ten_kilobyte_ids_are_accepted(ledger: Ledger) -> None:
     ledger.purge_thread(key.thread_id)
 
 
-def test_a_huge_result_is_returned_and_the_call_left_in_doubt(ledger: Ledger, caplog: pytest.LogCaptureFixture) -> None:
-    """A 50 MB result is over max_result_bytes: a clear error is logged, the caller still gets it."""
+def test_a_huge_result_is_returned_and_the_call_recorded_as_run(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 50 MB result is over max_result_bytes: a clear error is logged, the caller still gets it,
+    and the call is recorded as run without its result, so a replay does not run it again."""
     big = "x" * (50 * 1024 * 1024)
+    runs: list[int] = []
 
     @replay_safe(ledger=ledger)
     def export() -> str:
+        runs.append(1)
         return big
 
     key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "m", "c")
@@ -98,7 +104,10 @@ def test_a_huge_result_is_returned_and_the_call_left_in_doubt(ledger: Ledger, ca
     assert any("max_result_bytes" in r.getMessage() and key.thread_id in r.getMessage() for r in caplog.records)
     record = ledger.get(key)
     assert record is not None
-    assert record.status is Status.IN_DOUBT
+    assert record.status is Status.COMPLETED
+    with tool_call(*key), pytest.raises(ResultEncodingError):
+        export()
+    assert runs == [1]
 
 
 def test_max_result_bytes_is_configurable(ledger: Ledger) -> None:
@@ -108,7 +117,7 @@ def test_max_result_bytes_is_configurable(ledger: Ledger) -> None:
     def tool() -> str:
         return "more than ten bytes"
 
-    with tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", "c"), pytest.raises(LedgerError) as raised:
+    with tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", "c"), pytest.raises(ResultEncodingError) as raised:
         tool()
     assert raised.value.result == "more than ten bytes"
 
@@ -144,12 +153,14 @@ def corrupt(ledger: SqliteLedger, text: str) -> None:
         connection.execute("UPDATE tool_executions SET result = ?", (text,))
 
 
-def test_a_corrupt_record_runs_the_tool_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A record whose result cannot be decoded is treated as unreadable: warning, the tool runs."""
+@pytest.mark.parametrize("on_ledger_error", ["warn", "raise"])
+def test_a_corrupt_record_raises_and_nothing_runs(tmp_path: Path, on_ledger_error: Any) -> None:
+    """A record whose result cannot be decoded: the call ran, so RecordUnreadableError, whatever the
+    ledger-error policy, and the tool does not run again."""
     ledger = SqliteLedger(tmp_path / "l.db")
     runs: list[int] = []
 
-    @replay_safe(ledger=ledger)
+    @replay_safe(ledger=ledger, on_ledger_error=on_ledger_error)
     def tool() -> dict[str, int]:
         runs.append(1)
         return {"n": len(runs)}
@@ -157,24 +168,6 @@ def test_a_corrupt_record_runs_the_tool_with_a_warning(tmp_path: Path, caplog: p
     with tool_call("t", "m", "c"):
         tool()
     corrupt(ledger, '{"n": 1')
-    with caplog.at_level(logging.WARNING, logger="replaysafe"), tool_call("t", "m", "c"):
-        assert tool() == {"n": 2}
-    assert any("cannot be decoded" in r.getMessage() for r in caplog.records)
-
-
-def test_a_corrupt_record_fails_closed_when_asked(tmp_path: Path) -> None:
-    """With on_ledger_error='raise' a corrupt record raises LedgerError and nothing runs."""
-    ledger = SqliteLedger(tmp_path / "l.db")
-    runs: list[int] = []
-
-    @replay_safe(ledger=ledger, on_ledger_error="raise")
-    def tool() -> int:
-        runs.append(1)
-        return 1
-
-    with tool_call("t", "m", "c"):
-        tool()
-    corrupt(ledger, "not json at all")
-    with tool_call("t", "m", "c"), pytest.raises(LedgerError, match="cannot be decoded"):
+    with tool_call("t", "m", "c"), pytest.raises(RecordUnreadableError, match="cannot be decoded"):
         tool()
     assert runs == [1]

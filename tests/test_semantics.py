@@ -25,6 +25,7 @@ from replaysafe import (
     MissingCallIdError,
     RecordedToolError,
     ReplayMismatchError,
+    ResultEncodingError,
     Status,
     UnprotectedCallWarning,
     current_call,
@@ -671,10 +672,11 @@ def test_custom_serializer(ledger: Ledger) -> None:
         assert tool() == "loaded:ABC"
 
 
-def test_unencodable_result_is_returned_and_the_call_left_in_doubt(
+def test_unencodable_result_is_returned_and_the_call_recorded_as_run(
     ledger: Ledger, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A result JSON cannot hold is a record failure: logged with its type, returned, call in doubt."""
+    """A result JSON cannot hold: logged with its type, returned, and the call recorded as
+    finished without its result, so a replay raises instead of running it again."""
 
     class Opaque:
         pass
@@ -693,10 +695,10 @@ def test_unencodable_result_is_returned_and_the_call_left_in_doubt(
     assert any("Opaque" in r.getMessage() and ids[0] in r.getMessage() for r in caplog.records)
     record = ledger.get(CallKey(*ids))
     assert record is not None
-    assert record.status is Status.IN_DOUBT
-    with tool_call(*ids):  # the default in-doubt policy runs it again
-        assert tool() is value
-    assert runs == [1, 1]
+    assert record.status is Status.COMPLETED
+    with tool_call(*ids), pytest.raises(ResultEncodingError):
+        tool()
+    assert runs == [1]
 
 
 # --- 9. parallel calls -----------------------------------------------------------------------
@@ -811,3 +813,48 @@ async def test_async_replay_waits_without_blocking_the_loop(ledger: Ledger) -> N
     gate.set()
     assert await asyncio.gather(owner, waiter) == ["done", "done"]
     assert runs == [1]
+
+
+def test_the_wait_deadline_follows_the_monotonic_clock_not_the_wall_clock(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wall clock stepped back (NTP, an operator) while a replay waits on a live owner
+    does not stretch the wait: it still gives up after wait_timeout.
+
+    Stepping the machine's real clock would disturb everything else on it, so the wall
+    clock the protocol reads is stepped back one hour at each look.
+    """
+    from replaysafe import _core
+    from replaysafe._identity import owner_token
+
+    @replay_safe(ledger=ledger, wait_timeout=0.5)
+    def charge(card: str) -> str:
+        return f"charged {card}"
+
+    ids = new_ids()
+    now = dt.datetime.now(dt.timezone.utc)
+    live_owner = owner_token().rpartition("#")[0] + "#live"  # this very process: alive
+    ledger.claim(
+        CallKey(*ids),
+        tool_name="charge",
+        args_digest=_record_digest(ledger, charge, "c1"),
+        owner=live_owner,
+        now=now,
+        lease_expires_at=now + dt.timedelta(days=365),
+    )
+    steps = iter(range(1_000_000))
+    monkeypatch.setattr(_core, "utcnow", lambda: now - dt.timedelta(hours=next(steps)))
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        with tool_call(*ids):
+            try:
+                charge("c1")
+            except BaseException as exc:
+                outcome.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(timeout=30)  # bounded: on a wall-clock deadline it would wait for ever
+    assert not waiter.is_alive(), "the waiter did not give up: its deadline followed the wall clock"
+    assert len(outcome) == 1 and isinstance(outcome[0], CallInProgressError)

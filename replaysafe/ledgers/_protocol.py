@@ -19,13 +19,14 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
+from .. import _unrecorded
 from .._clock import utcnow
 from .._codec import JsonSerializer, Serializer
 from .._constants import LEDGER_RETRY_ATTEMPTS, LEDGER_RETRY_MAX_SECONDS
 from .._events import EventKind, emit
 from .._identity import owner_token
 from .._records import CallKey, ClaimResult, Record, Status
-from .._sealing import Sealer
+from .._sealing import Sealer, unsealed
 
 #: One signing key, or a list whose first key signs and all of which are accepted.
 SigningKey = str | bytes | Sequence[str | bytes]
@@ -268,8 +269,13 @@ class LedgerBase:
         record = self.get(key)
         if record is None:
             raise LookupError(f"no record for {key}: nothing to resolve")
-        if record.status not in (Status.RUNNING, Status.IN_DOUBT):
-            raise ValueError(f"the call {key} is already {record.status}; delete(key) it to allow a rerun")
+        # A finished call whose result was not recorded (or cannot be read) is settled here too.
+        unrecorded = record.status is Status.COMPLETED and _unrecorded.parse(unsealed(record.result)) is not None
+        if record.status not in (Status.RUNNING, Status.IN_DOUBT) and not (unrecorded or force):
+            raise ValueError(
+                f"the call {key} is already {record.status}; delete(key) it to allow a rerun, or pass force=True "
+                "if its recorded result cannot be read"
+            )
         from .._core import Verdict, judge  # the one place that tells a live owner from a dead one
 
         if not force and record.status is Status.RUNNING and judge(record, utcnow()) is Verdict.WAIT:

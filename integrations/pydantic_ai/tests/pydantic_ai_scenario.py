@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic_ai import Agent, RunContext, Tool
-from pydantic_ai.exceptions import ApprovalRequired
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -73,7 +73,9 @@ def build_agent(
     *,
     crash_in_email: bool = False,
     email_needs_approval: bool = False,
+    email_deferred: bool = False,
     provider_ids: bool = True,
+    record_errors: bool = False,
 ) -> Agent[None, Any]:
     """The agent with its two tools; ``crash_in_email`` SIGKILLs the process inside ``send_email``."""
 
@@ -84,6 +86,8 @@ def build_agent(
     def send_email(ctx: RunContext[None], to: str) -> str:
         if email_needs_approval and not ctx.tool_call_approved:
             raise ApprovalRequired()
+        if email_deferred:
+            raise CallDeferred()  # handed to an external system: its result comes back later
         _append(effects_path, f"email {to}")
         if crash_in_email:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -94,12 +98,14 @@ def build_agent(
         # Named apart from the tool, so a record shows that the decorator (not the capability) wrote it.
         # A RunContext is not data: a decorated tool leaves it out of its argument digest.
         functions = [
-            replay_safe(lease=LEASE, name="decorated_refund_order")(refund_order),
-            replay_safe(lease=LEASE, name="decorated_send_email", exclude_args=("ctx",))(send_email),
+            replay_safe(lease=LEASE, name="decorated_refund_order", record_errors=record_errors)(refund_order),
+            replay_safe(lease=LEASE, name="decorated_send_email", exclude_args=("ctx",), record_errors=record_errors)(
+                send_email
+            ),
         ]
     # sequential: the refund returns before the email starts, so the crash comes after it.
     tools = [Tool(function, sequential=True) for function in functions]
-    capabilities = [] if variant == "unprotected" else [ReplaySafe(ledger, lease=LEASE)]
+    capabilities = [] if variant == "unprotected" else [ReplaySafe(ledger, lease=LEASE, record_errors=record_errors)]
     return Agent(
         FunctionModel(script(provider_ids=provider_ids)),
         tools=tools,

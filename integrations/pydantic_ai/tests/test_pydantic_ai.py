@@ -135,3 +135,30 @@ async def test_an_approval_pause_releases_the_claim_and_the_approved_call_runs_o
     assert effects(effects_path) == [REFUND, EMAIL]
     statuses: dict[str, Any] = {record.key.tool_call_id: record.status for record in ledger.records()}
     assert statuses == {"call_1": Status.COMPLETED, "call_2": Status.COMPLETED}
+
+
+@pytest.mark.parametrize("variant", ["capability", "decorated"])
+async def test_under_record_errors_an_approval_pause_is_released_not_recorded_as_a_failure(
+    ledger: SqliteLedger, effects_path: Path, variant: Variant
+) -> None:
+    """A pause is not an outcome, even when errors are recorded: the approved call then runs once."""
+    agent = build_agent(ledger, effects_path, variant, email_needs_approval=True, record_errors=True)
+    paused = await agent.run("Refund order A1 and tell bob")
+    assert isinstance(paused.output, DeferredToolRequests)
+    assert {record.status for record in ledger.records()} == {Status.COMPLETED}  # the refund only
+    approved = DeferredToolResults(approvals={"call_2": True})
+    done = await agent.run(message_history=paused.all_messages(), deferred_tool_results=approved)
+    assert done.output == "done"
+    assert effects(effects_path) == [REFUND, EMAIL]
+    assert sorted(record.status for record in ledger.records()) == [Status.COMPLETED, Status.COMPLETED]
+
+
+@pytest.mark.parametrize("variant", ["capability", "decorated"])
+async def test_under_record_errors_a_deferred_call_is_released_not_recorded_as_a_failure(
+    ledger: SqliteLedger, effects_path: Path, variant: Variant
+) -> None:
+    agent = build_agent(ledger, effects_path, variant, email_deferred=True, record_errors=True)
+    paused = await agent.run("Refund order A1 and tell bob")
+    assert isinstance(paused.output, DeferredToolRequests)
+    assert [call.tool_call_id for call in paused.output.calls] == ["call_2"]
+    assert [record.status for record in ledger.records()] == [Status.COMPLETED]  # no FAILED email record

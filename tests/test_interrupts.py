@@ -1,0 +1,344 @@
+"""Nothing stays running under a live owner: interrupts at every step leave the call
+released or in doubt, and the interrupt itself still reaches the caller.
+
+Each step is stalled for real, so the interrupt lands while the ledger operation is in
+flight: SQLite by another connection holding the write lock, PostgreSQL by a table
+lock, Redis by a throwaway server stopped with SIGSTOP. Cancellations are real task
+cancellations; SIGINT is a real signal sent to a child process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from replaysafe import (
+    CallKey,
+    Ledger,
+    PostgresLedger,
+    RedisLedger,
+    SqliteLedger,
+    Status,
+    open_ledger,
+    replay_safe,
+    tool_call,
+)
+from replaysafe._records import Record
+
+from . import servers
+
+#: Long enough for a stalled operation to be in flight; nothing is timed against it.
+IN_FLIGHT = 0.3
+
+
+class Stall:
+    """Holds a ledger's writes (or, for Redis, the whole server) until resumed."""
+
+    def __init__(
+        self, hold: Callable[[], None], resume: Callable[[], None], close: Callable[[], None] = lambda: None
+    ) -> None:
+        self.hold, self.resume, self.close = hold, resume, close
+
+
+def _sqlite_stall(ledger: SqliteLedger) -> Stall:
+    blocker = sqlite3.connect(ledger.path, isolation_level=None, check_same_thread=False)
+
+    def hold() -> None:
+        blocker.execute("BEGIN IMMEDIATE")
+
+    def resume() -> None:
+        blocker.rollback()
+
+    return Stall(hold, resume, blocker.close)
+
+
+def _postgres_stall(ledger: PostgresLedger, server_url: str) -> Stall:
+    blocker = psycopg.connect(servers.libpq_url(server_url))
+    table = f'"{ledger.table.schema}"."{ledger.table.name}"'
+
+    def hold() -> None:
+        blocker.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")  # our own identifiers; reads go on
+
+    def resume() -> None:
+        blocker.rollback()
+
+    return Stall(hold, resume, blocker.close)
+
+
+def _redis_stall(process: subprocess.Popen[bytes]) -> Stall:
+    return Stall(lambda: os.kill(process.pid, signal.SIGSTOP), lambda: os.kill(process.pid, signal.SIGCONT))
+
+
+@contextlib.contextmanager
+def stalled_ledger(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Ledger, Stall, str]]:
+    """A ledger (opened, its table made), a way to stall it, and its URL."""
+    if kind == "sqlite":
+        sqlite_ledger = SqliteLedger(tmp_path / "l.db", busy_timeout=60)
+        sqlite_ledger.get(CallKey("warm", "up", "-"))
+        stall = _sqlite_stall(sqlite_ledger)
+        try:
+            yield sqlite_ledger, stall, f"sqlite:///{sqlite_ledger.path}"
+        finally:
+            stall.close()
+            sqlite_ledger.close()
+        return
+    if kind == "postgres":
+        server_url, url = request.getfixturevalue("postgres_server_url"), request.getfixturevalue("postgres_url")
+        with contextlib.closing(open_ledger(url)) as postgres_ledger:
+            assert isinstance(postgres_ledger, PostgresLedger)
+            postgres_ledger.get(CallKey("warm", "up", "-"))
+            stall = _postgres_stall(postgres_ledger, server_url)
+            try:
+                yield postgres_ledger, stall, url
+            finally:
+                stall.close()
+        return
+    server = servers.RedisServer()  # a throwaway server: the shared one is never stopped
+    server.start()
+    try:
+        with contextlib.closing(RedisLedger(server.url)) as redis_ledger:
+            redis_ledger.get(CallKey("warm", "up", "-"))
+            assert server._process is not None
+            yield redis_ledger, _redis_stall(server._process), server.url
+    finally:
+        if server._process is not None:
+            os.kill(server._process.pid, signal.SIGCONT)
+        server.destroy()
+
+
+@pytest.fixture(params=["sqlite", "postgres", "redis"])
+async def stalled(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Ledger, Stall]]:
+    with stalled_ledger(request.param, request, tmp_path) as (ledger, stall, _url):
+        yield ledger, stall
+        aclose = getattr(ledger, "aclose", None)
+        if aclose is not None:  # this loop's async connections
+            await aclose()
+
+
+def settled(ledger: Ledger, key: CallKey, done: Callable[[Record | None], bool], within: float = 20.0) -> Record | None:
+    """The record once ``done`` holds for it, and still holds a second later (bounded wait).
+
+    An interrupted operation may land after the interrupt, so one look is not enough.
+    """
+    deadline = time.monotonic() + within
+    held_since: float | None = None
+    record = ledger.get(key)
+    while time.monotonic() < deadline:
+        record = ledger.get(key)
+        if not done(record):
+            held_since = None
+        elif held_since is None:
+            held_since = time.monotonic()
+        elif time.monotonic() - held_since >= 1.0:
+            return record
+        time.sleep(0.05)
+    return record
+
+
+def new_key() -> CallKey:
+    return CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+
+
+async def _cancel_after(task: asyncio.Task[Any], delay: float = IN_FLIGHT) -> None:
+    await asyncio.sleep(delay)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):  # the user's cancellation wins
+        await task
+
+
+async def test_cancelled_during_the_claim_the_claim_is_released(stalled: tuple[Ledger, Stall]) -> None:
+    ledger, stall = stalled
+    key, runs = new_key(), []
+
+    @replay_safe(ledger=ledger)
+    async def send_invite() -> str:
+        runs.append(1)
+        return "sent"
+
+    async def call() -> str:
+        async with tool_call(*key):
+            return await send_invite()
+
+    stall.hold()
+    try:
+        await _cancel_after(asyncio.create_task(call()))
+    finally:
+        stall.resume()  # the claim, sent before the cancellation, lands now
+    record = await asyncio.to_thread(settled, ledger, key, lambda r: r is None)
+    assert record is None, f"left {record.status} under a live owner" if record else ""
+    assert runs == []
+    async with tool_call(*key):  # and the call runs normally afterwards
+        assert await send_invite() == "sent"
+    assert runs == [1]
+
+
+async def test_cancelled_during_the_result_write_the_result_is_recorded(stalled: tuple[Ledger, Stall]) -> None:
+    ledger, stall = stalled
+    key, runs, returned = new_key(), [], asyncio.Event()
+
+    @replay_safe(ledger=ledger)
+    async def refund() -> str:
+        runs.append(1)
+        stall.hold()  # the tool ran: its result write now waits
+        returned.set()
+        return "refunded"
+
+    async def call() -> str:
+        async with tool_call(*key):
+            return await refund()
+
+    task = asyncio.create_task(call())
+    try:
+        await asyncio.wait_for(returned.wait(), 60)  # bounded, should the call fail first
+        await _cancel_after(task)
+    finally:
+        stall.resume()
+    record = await asyncio.to_thread(settled, ledger, key, lambda r: r is not None and r.status is not Status.RUNNING)
+    assert record is not None and record.status is Status.COMPLETED
+    async with tool_call(*key):
+        assert await refund() == "refunded"  # replayed: the refund did not run twice
+    assert runs == [1]
+
+
+async def test_cancelled_during_the_in_doubt_write_the_call_is_in_doubt(stalled: tuple[Ledger, Stall]) -> None:
+    ledger, stall = stalled
+    key, started = new_key(), asyncio.Event()
+
+    @replay_safe(ledger=ledger, in_doubt="raise")
+    async def charge() -> str:
+        started.set()
+        await asyncio.sleep(3600)
+        return "charged"
+
+    async def call() -> str:
+        async with tool_call(*key):
+            return await charge()
+
+    task = asyncio.create_task(call())
+    await asyncio.wait_for(started.wait(), 60)
+    stall.hold()
+    task.cancel()  # the tool is cancelled; its in-doubt write waits on the stalled ledger
+    try:
+        await _cancel_after(task)  # cancelled again, during that write
+    finally:
+        stall.resume()
+    record = await asyncio.to_thread(settled, ledger, key, lambda r: r is not None and r.status is not Status.RUNNING)
+    assert record is not None and record.status is Status.IN_DOUBT
+
+
+def _child(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+    )
+
+
+SIGINT_CHILD = """
+    import sys
+    import replaysafe
+
+    ledger = replaysafe.open_ledger(sys.argv[1])
+
+    @replaysafe.replay_safe(ledger=ledger)
+    def send_invite() -> str:
+        print("ran", flush=True)
+        return "sent"
+
+    ledger.get(replaysafe.CallKey("warm", "up", "-"))  # connected: the next operation is the claim
+    print("ready", flush=True)
+    sys.stdin.readline()  # the parent stalls the ledger
+    try:
+        print("claiming", flush=True)
+        with replaysafe.tool_call(sys.argv[2], "msg_1", "call_1"):
+            send_invite()
+        print("not interrupted", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    sys.stdin.readline()  # the owner stays alive while the parent looks at the record
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_sigint_during_a_sync_claim_releases_it(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    with stalled_ledger(backend, request, tmp_path) as (ledger, stall, url):
+        _sigint_during_the_claim(ledger, stall, url)
+
+
+def _sigint_during_the_claim(ledger: Ledger, stall: Stall, url: str) -> None:
+    key = new_key()
+    child = _child(SIGINT_CHILD, url, key.thread_id)
+    watchdog = threading.Timer(120, child.kill)  # a hung child ends the reads below: bounded
+    watchdog.start()
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        stall.hold()
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "claiming"
+        time.sleep(IN_FLIGHT)  # its claim is in flight, waiting on the stall
+        child.send_signal(signal.SIGINT)
+        time.sleep(IN_FLIGHT)
+        stall.resume()  # the claim lands after the interrupt
+        assert child.stdout.readline().strip() == "interrupted"  # KeyboardInterrupt reached the caller
+        record = settled(ledger, key, lambda r: r is None)
+        assert record is None, f"left {record.status} under a live owner" if record else ""
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(timeout=60) == 0, child.stderr.read() if child.stderr else ""
+    finally:
+        watchdog.cancel()
+        if child.poll() is None:
+            child.kill()
+        child.communicate(timeout=60)  # and closes its pipes
+
+
+@pytest.mark.parametrize("interrupt", [GeneratorExit, SystemExit, KeyboardInterrupt])
+def test_a_tool_raising_an_interrupt_leaves_the_call_in_doubt(ledger: Ledger, interrupt: type[BaseException]) -> None:
+    """Not an outcome: the side effect may have happened. The interrupt still reaches the caller."""
+    key = new_key()
+
+    @replay_safe(ledger=ledger)
+    def tool() -> str:
+        raise interrupt()
+
+    with tool_call(*key), pytest.raises(interrupt):
+        tool()
+    record = ledger.get(key)
+    assert record is not None and record.status is Status.IN_DOUBT
+
+
+@pytest.mark.parametrize("interrupt", [GeneratorExit, SystemExit, KeyboardInterrupt])
+async def test_an_async_tool_raising_an_interrupt_leaves_the_call_in_doubt(
+    ledger: Ledger, interrupt: type[BaseException]
+) -> None:
+    key = new_key()
+
+    @replay_safe(ledger=ledger)
+    async def tool() -> str:
+        raise interrupt()
+
+    async with tool_call(*key):
+        with pytest.raises(interrupt):
+            await tool()
+    record = ledger.get(key)
+    assert record is not None and record.status is Status.IN_DOUBT

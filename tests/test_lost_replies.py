@@ -1,0 +1,147 @@
+"""A ledger operation whose reply is lost in transit, for real: a TCP proxy in front of
+Redis that drops the server's reply (the command ran) or the client's request (it did
+not), then closes the connection, as a network failure does.
+
+A claim that landed but whose reply was lost is released afterwards (fenced by owner);
+a finishing write that failed is kept and written once the ledger answers. Every wait
+is bounded: a regression fails within seconds instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from replaysafe import CallKey, LedgerError, RedisLedger, Status, open_ledger, replay_safe, tool_call
+from replaysafe._records import Record
+from replaysafe.ledgers import RetryPolicy
+
+
+class FaultyProxy:
+    """Forwards TCP between clients and one server; ``mode`` says what to lose.
+
+    ``forward``: nothing. ``drop_reply_once``: the next reply is dropped (its command ran),
+    then every request is dropped (``drop_requests``) until ``mode`` is set back.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.mode = "forward"
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self._sockets += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, "request"), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, "reply"), daemon=True).start()
+
+    def _lose(self, direction: str) -> bool:
+        with self._lock:
+            if direction == "reply" and self.mode == "drop_reply_once":
+                self.mode = "drop_requests"
+                return True
+            return direction == "request" and self.mode == "drop_requests"
+
+    def _pump(self, source: socket.socket, sink: socket.socket, direction: str) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if self._lose(direction):
+                    break  # lost in transit: the connection dies with it
+                sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        for end in self._sockets:
+            with contextlib.suppress(OSError):
+                end.close()
+
+
+@pytest.fixture
+def proxied(redis_url: str) -> Iterator[tuple[RedisLedger, RedisLedger, FaultyProxy]]:
+    """A ledger through the proxy (one attempt per operation), and one straight to the server."""
+    parts = urllib.parse.urlsplit(redis_url)
+    proxy = FaultyProxy(parts.hostname or "127.0.0.1", parts.port or 6379)
+    through = urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{proxy.port}"))
+    with open_ledger(through, retry=RetryPolicy(attempts=1)) as faulty, open_ledger(redis_url) as direct:
+        assert isinstance(faulty, RedisLedger) and isinstance(direct, RedisLedger)
+        faulty.get(CallKey("warm", "up", "-"))  # connected and its scripts loaded
+        yield faulty, direct, proxy
+    proxy.close()
+
+
+def eventually(direct: RedisLedger, key: CallKey, done: Callable[[Record | None], bool]) -> Record | None:
+    """The record once ``done`` holds for it; gives up after 20 s (the pending writes retry within 5 s)."""
+    deadline = time.monotonic() + 20
+    record = direct.get(key)
+    while not done(record) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        record = direct.get(key)
+    return record
+
+
+def test_a_claim_whose_reply_was_lost_is_released(proxied: tuple[RedisLedger, RedisLedger, FaultyProxy]) -> None:
+    faulty, direct, proxy = proxied
+    key, runs = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1"), []
+
+    @replay_safe(ledger=faulty, on_ledger_error="raise")
+    def send_invite() -> str:
+        runs.append(1)
+        return "sent"
+
+    proxy.mode = "drop_reply_once"
+    with tool_call(*key), pytest.raises(LedgerError):
+        send_invite()
+    assert runs == []
+    landed = direct.get(key)
+    assert landed is not None and landed.status is Status.RUNNING  # the claim ran; only its reply was lost
+    proxy.mode = "forward"  # the ledger answers again
+    assert eventually(direct, key, lambda r: r is None) is None
+    with tool_call(*key):
+        assert send_invite() == "sent"
+    assert runs == [1]
+
+
+def test_a_failed_finishing_write_is_kept_and_written_later(
+    proxied: tuple[RedisLedger, RedisLedger, FaultyProxy],
+) -> None:
+    faulty, direct, proxy = proxied
+    key, runs = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1"), []
+
+    @replay_safe(ledger=faulty)
+    def refund() -> str:
+        runs.append(1)
+        proxy.mode = "drop_requests"  # the tool ran; its record cannot be written
+        return "refunded"
+
+    with tool_call(*key):
+        assert refund() == "refunded"
+    running = direct.get(key)
+    assert running is not None and running.status is Status.RUNNING
+    proxy.mode = "forward"
+    record = eventually(direct, key, lambda r: r is not None and r.status is Status.COMPLETED)
+    assert record is not None and record.status is Status.COMPLETED
+    with tool_call(*key):
+        assert refund() == "refunded"  # replayed from the record written late
+    assert runs == [1]
