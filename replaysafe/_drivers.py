@@ -75,12 +75,18 @@ def _ledger_error(effect: LedgerOp, spec: ToolSpec, ledger: Ledger, exc: BaseExc
     cause = getattr(exc, "orig", None) or exc
     return LedgerError(
         f"ledger {operation} failed for {describe(spec.name, effect.key)} on {ledger!r} "
-        f"({type(cause).__name__}: {str(cause).strip()}). {fault.fix}"
+        f"({type(cause).__name__}: {_first_line(cause)}). {fault.fix}"
         + (" The write will be tried again in the background until the ledger answers." if deferred else ""),
         tool_name=spec.name,
         key=effect.key,
         transient=transient,
     )
+
+
+def _first_line(exc: BaseException) -> str:
+    """The driver's own message; its further lines quote the statement (PostgreSQL's LINE/HINT)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def _cleanup_for(effect: LedgerOp) -> Complete | Release:
