@@ -367,8 +367,9 @@ _PROBE_RESULT = '"replaysafe-probe"'
 
 def _probe_error(ledger: Any, step: str, exc: BaseException) -> LedgerError:
     fault = diagnose(ledger, exc)
+    cause = getattr(exc, "orig", None) or exc  # the driver's error, not SQLAlchemy's wrapper
     return LedgerError(
-        f"ledger check failed at {step} on {ledger!r} ({type(exc).__name__}, "
+        f"ledger check failed at {step} on {ledger!r} ({type(cause).__name__}, "
         f"{'transient' if fault.transient else 'permanent'}). {fault.fix}",
         transient=fault.transient,
     )

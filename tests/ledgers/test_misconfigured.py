@@ -30,7 +30,7 @@ from replaysafe import (
 )
 from replaysafe.ledgers import Ledger, RetryPolicy
 
-from ..servers import free_port, libpq_url
+from ..servers import RedisServer, free_port, libpq_url
 
 ONE_TRY = RetryPolicy(attempts=1)
 
@@ -281,3 +281,23 @@ async def test_acheck_reports_an_unreachable_server_as_transient() -> None:
         await ledger.acheck()
     assert raised.value.transient
     await ledger.aclose()
+
+
+def test_a_redis_user_without_the_ledgers_commands_fails_closed() -> None:
+    """An ACL user that may not run scripts (NOPERM), on a throwaway server: permanent, names the grant."""
+    import redis
+
+    try:
+        server = RedisServer()
+    except FileNotFoundError as exc:
+        pytest.fail(f"cannot start a throwaway Redis: {exc}")
+    server.start()
+    try:
+        admin = redis.Redis.from_url(server.url)
+        admin.acl_setuser("rs-limited", enabled=True, passwords=["+pw"], keys=["*"], commands=["+ping", "+hgetall"])
+        admin.close()
+        url = server.url.replace("redis://", "redis://rs-limited:pw@")
+        with RedisLedger(url, retry=ONE_TRY) as ledger:
+            _fails_closed(ledger, "Grant the Redis user")
+    finally:
+        server.destroy()
