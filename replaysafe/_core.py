@@ -479,7 +479,7 @@ def _unprotected(
     Only a transient fault may run the tool unprotected: a permanent one (a bad URL, a
     missing table, a denied permission) would do so on every call, so it always raises.
     """
-    if spec.on_ledger_error == "raise" or not exc.transient:
+    if spec.on_ledger_error == "raise" or exc.permanent:
         emit(EventKind.LEDGER_ERROR, str(exc), tool_name=spec.name, key=key)
         raise exc
     emit(

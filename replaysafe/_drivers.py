@@ -80,6 +80,7 @@ def _ledger_error(effect: LedgerOp, spec: ToolSpec, ledger: Ledger, exc: BaseExc
         tool_name=spec.name,
         key=effect.key,
         transient=transient,
+        permanent=not transient,
     )
 
 

@@ -372,6 +372,7 @@ def _probe_error(ledger: Any, step: str, exc: BaseException) -> LedgerError:
         f"ledger check failed at {step} on {ledger!r} ({type(cause).__name__}, "
         f"{'transient' if fault.transient else 'permanent'}). {fault.fix}",
         transient=fault.transient,
+        permanent=not fault.transient,
     )
 
 

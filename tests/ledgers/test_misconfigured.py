@@ -67,6 +67,7 @@ def _fails_closed(ledger: Ledger, *fix_words: str) -> LedgerError:
         asyncio.run(call())
     assert runs == []
     for error in (raised.value, araised.value):
+        assert error.permanent
         assert not error.transient
         assert "refund" in str(error)
         assert "card-4111" not in str(error)
@@ -239,6 +240,7 @@ def test_a_refused_connection_follows_the_policy(backend: str) -> None:
         with tool_call("t", "m", "c2"), pytest.raises(LedgerError) as raised:
             strict_refund()
     assert raised.value.transient
+    assert not raised.value.permanent
     assert runs == [1]
 
 
