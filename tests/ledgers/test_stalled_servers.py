@@ -63,28 +63,33 @@ def frozen(root: int) -> Iterator[None]:
                 os.kill(pid, signal.SIGCONT)
 
 
-@pytest.fixture(params=["postgres", "redis"])
-def stalled(request: pytest.FixtureRequest) -> Iterator[tuple[Ledger, int]]:
-    """A ledger with short timeouts on a throwaway server, warmed up, and the server's pid to freeze."""
+@pytest.fixture(scope="module", params=["postgres", "redis"])
+def server(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A throwaway server for this module's tests (each freezes it and lets it go again)."""
     try:
-        server: Any = PostgresServer() if request.param == "postgres" else RedisServer()
+        started: Any = PostgresServer() if request.param == "postgres" else RedisServer()
     except FileNotFoundError as exc:
         pytest.fail(f"cannot start a throwaway server: {exc}")
-    server.start()
-    try:
-        if request.param == "postgres":
-            pid = int((server.data / "postmaster.pid").read_text().split()[0])
-            ledger: Ledger = PostgresLedger(server.url, **SHORT)  # type: ignore[arg-type]
-        else:
-            assert server._process is not None
-            pid = server._process.pid
-            ledger = RedisLedger(server.url, **SHORT)  # type: ignore[arg-type]
-        ledger.check()  # the table exists and a pooled connection is open before the stall
-        yield ledger, pid
-        _drain_pending_writes()  # the release of a claim whose answer was lost lands once the server runs
-        ledger.close()
-    finally:
-        server.destroy()
+    started.start()
+    yield started
+    started.destroy()
+
+
+@pytest.fixture
+def stalled(server: Any) -> Iterator[tuple[Ledger, int]]:
+    """A ledger with short timeouts on the throwaway server, warmed up, and the server's pid to freeze."""
+    if isinstance(server, PostgresServer):
+        pid = int((server.data / "postmaster.pid").read_text().split()[0])
+        schema = f"rs_{uuid.uuid4().hex[:12]}"
+        ledger: Ledger = PostgresLedger(server.url, schema=schema, **SHORT)  # type: ignore[arg-type]
+    else:
+        assert server._process is not None
+        pid = server._process.pid
+        ledger = RedisLedger(server.url, prefix=f"rs-{uuid.uuid4().hex[:12]}", **SHORT)  # type: ignore[arg-type]
+    ledger.check()  # the table exists and a pooled connection is open before the stall
+    yield ledger, pid
+    _drain_pending_writes()  # the release of a claim whose answer was lost lands once the server runs
+    ledger.close()
 
 
 def _drain_pending_writes() -> None:
