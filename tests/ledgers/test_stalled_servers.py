@@ -24,8 +24,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from replaysafe import LedgerError, PostgresLedger, RedisLedger, replay_safe, tool_call
-from replaysafe._pending import pending_writes
+from replaysafe import LedgerError, PostgresLedger, RedisLedger, Status, replay_safe, tool_call
 from replaysafe.ledgers import Ledger, RetryPolicy
 
 from ..servers import PostgresServer, RedisServer
@@ -88,13 +87,22 @@ def stalled(server: Any) -> Iterator[tuple[Ledger, int]]:
         ledger = RedisLedger(server.url, prefix=f"rs-{uuid.uuid4().hex[:12]}", **SHORT)  # type: ignore[arg-type]
     ledger.check()  # the table exists and a pooled connection is open before the stall
     yield ledger, pid
-    _drain_pending_writes()  # the release of a claim whose answer was lost lands once the server runs
+    _settle(ledger)
     ledger.close()
 
 
-def _drain_pending_writes() -> None:
+def _settle(ledger: Ledger) -> None:
+    """Wait (bounded) until no call of these tests is still ``running``.
+
+    A claim whose answer was lost in the stall is released by a background write
+    once the server runs again; closing the ledger before that would let the write
+    reopen it afterwards.
+    """
     deadline = time.monotonic() + GUARD
-    while len(pending_writes) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        running = [r for r in ledger.records() if r.status is Status.RUNNING and r.key.thread_id.startswith("t-")]
+        if not running:
+            return
         time.sleep(0.05)
 
 
