@@ -25,3 +25,7 @@ LEDGER_URL_ENV = "REPLAYSAFE_LEDGER_URL"
 TABLE_NAME = "tool_executions"
 #: The largest encoded result a call records; a larger one is a record failure.
 MAX_RESULT_BYTES = 16 * 1024 * 1024
+#: Seconds a server ledger waits to open a connection ...
+LEDGER_CONNECT_TIMEOUT = 5.0
+#: ... and for any one answer (a read, a statement), so a stalled server cannot hang a call.
+LEDGER_IO_TIMEOUT = 15.0

@@ -529,8 +529,12 @@ def _unprotected(
     kwargs: Mapping[str, Any],
     timeout: float | None,
 ) -> Run:
-    """The ledger cannot be read: fail closed, or run the tool without protection."""
-    if spec.on_ledger_error == "raise":
+    """The ledger cannot be read: fail closed, or run the tool without protection.
+
+    Only a transient fault may run the tool unprotected: a permanent one (a bad URL, a
+    missing table, a denied permission) would do so on every call, so it always raises.
+    """
+    if spec.on_ledger_error == "raise" or exc.permanent:
         emit(EventKind.LEDGER_ERROR, str(exc), tool_name=spec.name, key=key)
         raise exc
     emit(

@@ -51,6 +51,7 @@ from ._records import Status
 from ._renewer import new_lease, renewer, start_renewing
 from ._sealing import Sealer
 from .ledgers import Ledger
+from .ledgers._protocol import diagnose, is_transient
 
 
 class Plan(NamedTuple):
@@ -68,7 +69,8 @@ class Plan(NamedTuple):
 
 def _ledger_error(effect: LedgerOp, spec: ToolSpec, ledger: Ledger, exc: BaseException) -> LedgerError:
     """The error a failed operation raises into the protocol; a finishing write is kept for later."""
-    transient = isinstance(exc, ledger.transient_errors)
+    fault = diagnose(ledger, exc)
+    transient = fault.transient
     cleanup = _cleanup_for(effect) if transient else None
     if cleanup is not None:
         pending_writes.defer(cleanup, ledger, spec.name)
@@ -79,11 +81,12 @@ def _ledger_error(effect: LedgerOp, spec: ToolSpec, ledger: Ledger, exc: BaseExc
     cause = getattr(exc, "orig", None) or exc
     return LedgerError(
         f"ledger {operation} failed for {describe(spec.name, effect.key)} on {ledger!r} "
-        f"({_reason(cause)}). Check that the ledger is reachable and its table exists."
+        f"({_reason(cause)}). {fault.fix}"
         + (" The write will be tried again in the background until the ledger answers." if deferred else ""),
         tool_name=spec.name,
         key=effect.key,
         transient=transient,
+        permanent=not transient,
     )
 
 
@@ -155,7 +158,7 @@ def _retrying_kwargs(ledger: Ledger) -> dict[str, Any]:
         "stop": tenacity.stop_after_attempt(max(ledger.retry.attempts - 1, 1))
         | tenacity.stop_after_delay(ledger.retry.max_seconds),
         "wait": tenacity.wait_random_exponential(multiplier=0.01, max=0.1),
-        "retry": tenacity.retry_if_exception_type(ledger.transient_errors),
+        "retry": tenacity.retry_if_exception(lambda exc: is_transient(ledger, exc)),
         "reraise": True,
     }
 
@@ -164,7 +167,7 @@ def _perform_ledger_op(effect: LedgerOp, ledger: Ledger, spec: ToolSpec) -> Any:
     try:
         return effect.on(ledger)
     except Exception as exc:
-        if not isinstance(exc, ledger.transient_errors) or ledger.retry.attempts <= 1:
+        if ledger.retry.attempts <= 1 or not is_transient(ledger, exc):
             raise _ledger_error(effect, spec, ledger, exc) from exc
     try:
         for attempt in tenacity.Retrying(**_retrying_kwargs(ledger)):
@@ -199,7 +202,7 @@ async def _aperform_ledger_op(effect: LedgerOp, ledger: Ledger, spec: ToolSpec) 
     try:
         return await effect.on(aio)
     except Exception as exc:
-        if not isinstance(exc, ledger.transient_errors) or ledger.retry.attempts <= 1:
+        if ledger.retry.attempts <= 1 or not is_transient(ledger, exc):
             raise _ledger_error(effect, spec, ledger, exc) from exc
     try:
         async for attempt in tenacity.AsyncRetrying(**_retrying_kwargs(ledger)):

@@ -69,7 +69,9 @@ class LedgerError(ReplaySafeError):
     """The ledger could not be read or written.
 
     ``result`` holds the tool's return value when the tool ran but its record could
-    not be written, so that nothing is lost.
+    not be written, so that nothing is lost. ``permanent`` marks a misconfiguration
+    (bad URL, credentials, privileges, a missing table): it raises whatever
+    ``on_ledger_error`` says.
     """
 
     def __init__(
@@ -80,10 +82,12 @@ class LedgerError(ReplaySafeError):
         key: CallKey | None = None,
         transient: bool = False,
         result: Any = None,
+        permanent: bool = False,
     ) -> None:
         super().__init__(message, tool_name=tool_name, key=key)
         self.transient = transient
         self.result = result
+        self.permanent = permanent
 
 
 class TamperedRecordError(ReplaySafeError):

@@ -103,3 +103,29 @@ def test_public_names_are_sorted_and_importable() -> None:
     assert replaysafe.__all__ == sorted(replaysafe.__all__)
     for name in replaysafe.__all__:
         assert getattr(replaysafe, name) is not None
+
+
+def test_env_url_with_an_unknown_option_fails_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo in REPLAYSAFE_LEDGER_URL's options raises when the ledger is opened, not per call."""
+    from replaysafe._config import default_ledger
+
+    monkeypatch.setenv("REPLAYSAFE_LEDGER_URL", f"sqlite:///{tmp_path}/x.db?tabel=calls")
+    with pytest.raises(ValueError, match="unknown URL option 'tabel'"):
+        default_ledger()
+    ran: list[int] = []
+
+    @replay_safe
+    def tool() -> int:
+        ran.append(1)
+        return 1
+
+    with tool_call("t", "m", "c"), pytest.raises(ValueError, match="tabel"):
+        tool()
+    assert ran == []
+
+
+def test_sqlite_url_options_and_arguments(tmp_path: Path) -> None:
+    """A SQLite URL carries table, ttl and busy_timeout; an argument wins over the URL."""
+    ledger = SqliteLedger(f"sqlite:///{tmp_path}/a.db?table=calls&busy_timeout=2", table="other")
+    assert ledger.table.name == "other"
+    assert ledger._busy_timeout_ms == 2000

@@ -12,19 +12,24 @@ from pathlib import Path
 import pytest
 
 from replaysafe import CallKey, LedgerError, SqliteLedger, replay_safe, tool_call
-from replaysafe.ledgers import RetryPolicy
+from replaysafe.ledgers import RedisLedger, RetryPolicy
+
+from .servers import free_port
 
 IDS = ("thread-f", "msg_1", "call_1")
 
 
 @pytest.fixture
-def unreachable(tmp_path: Path) -> SqliteLedger:
-    """A ledger whose file cannot be opened: its directory does not exist."""
-    return SqliteLedger(tmp_path / "missing-dir" / "ledger.db", retry=RetryPolicy(attempts=2, max_seconds=0.2))
+def unreachable() -> RedisLedger:
+    """A ledger whose server refuses connections (a transient fault): nothing listens on its port.
+
+    A permanent fault (a missing directory, a bad URL) always raises: see test_misconfigured_ledgers.py.
+    """
+    return RedisLedger(f"redis://127.0.0.1:{free_port()}/0", retry=RetryPolicy(attempts=2, max_seconds=0.2))
 
 
 def test_unreadable_ledger_runs_the_tool_with_a_warning(
-    unreachable: SqliteLedger, caplog: pytest.LogCaptureFixture
+    unreachable: RedisLedger, caplog: pytest.LogCaptureFixture
 ) -> None:
     """By default a failed claim runs the tool anyway: skipping a tool that never ran is worse."""
     runs: list[int] = []
@@ -43,7 +48,7 @@ def test_unreadable_ledger_runs_the_tool_with_a_warning(
     assert "on_ledger_error='raise'" in warning.getMessage()
 
 
-def test_unreadable_ledger_fails_closed_when_asked(unreachable: SqliteLedger) -> None:
+def test_unreadable_ledger_fails_closed_when_asked(unreachable: RedisLedger) -> None:
     """on_ledger_error='raise' raises LedgerError before the tool runs."""
     runs: list[int] = []
 

@@ -9,7 +9,7 @@ import importlib
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from ._protocol import AsyncLedger, Ledger, LedgerBase, OffloadedAsyncLedger, RetryPolicy
+from ._protocol import AsyncLedger, Ledger, LedgerBase, LedgerFault, OffloadedAsyncLedger, RetryPolicy
 from .memory import MemoryLedger
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ __all__ = [
     "AsyncLedger",
     "Ledger",
     "LedgerBase",
+    "LedgerFault",
     "MemoryLedger",
     "OffloadedAsyncLedger",
     "PostgresLedger",
@@ -41,8 +42,6 @@ _SCHEMES = {
     "rediss": "RedisLedger",
     "unix": "RedisLedger",
 }
-# Ledger options a URL may carry in its query string, and their types.
-_URL_OPTIONS: dict[str, type] = {"table": str, "schema": str, "prefix": str, "ttl": float}
 
 
 def open_ledger(url: str, **options: Any) -> Ledger:
@@ -50,7 +49,8 @@ def open_ledger(url: str, **options: Any) -> Ledger:
 
     ``memory://``, ``sqlite:///path/to/file.db``, ``postgresql://user@host/db`` (also
     ``postgresql+psycopg://``) and ``redis://host:6379/0``. Options go in the query
-    string (``?table=...&schema=...&prefix=...&ttl=...``) or as keyword arguments.
+    string (``?table=...&schema=...&prefix=...&ttl=...&connect_timeout=...&io_timeout=...``) or as
+    keyword arguments, which win; an option the ledger and its driver do not know is an error.
     """
     parts = urllib.parse.urlsplit(url)
     scheme = parts.scheme.lower().partition("+")[0]
@@ -62,15 +62,9 @@ def open_ledger(url: str, **options: Any) -> Ledger:
             f"no ledger for the URL {_redact(url)!r}: expected memory://, sqlite:///path/to/ledger.db, "
             "postgresql://user@host/db or redis://host:6379/0"
         )
-    base, _, query_text = url.partition("?")
-    query = urllib.parse.parse_qsl(query_text, keep_blank_values=True)
-    for option, value in query:
-        if option in _URL_OPTIONS:
-            options.setdefault(option, _URL_OPTIONS[option](value))
-    rest = urllib.parse.urlencode([(k, v) for k, v in query if k not in _URL_OPTIONS])
     backend: Any = getattr(importlib.import_module(f".{_BACKENDS[name]}", __name__), name)
-    # Rebuilt by hand: urlunsplit would turn sqlite:////abs/path into sqlite://abs/path.
-    ledger: Ledger = backend(f"{base}?{rest}" if rest else base, **options)
+    # Each backend reads its own options from the URL's query string (an unknown one is an error).
+    ledger: Ledger = backend(url, **options)
     return ledger
 
 

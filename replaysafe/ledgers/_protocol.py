@@ -14,7 +14,8 @@ import dataclasses
 import functools
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+import uuid
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
@@ -23,6 +24,7 @@ from .. import _unrecorded
 from .._clock import utcnow
 from .._codec import JsonSerializer, Serializer
 from .._constants import LEDGER_RETRY_ATTEMPTS, LEDGER_RETRY_MAX_SECONDS
+from .._errors import LedgerError
 from .._events import EventKind, emit
 from .._identity import owner_token
 from .._records import CallKey, ClaimResult, Record, Status
@@ -40,6 +42,46 @@ class RetryPolicy:
 
     attempts: int = LEDGER_RETRY_ATTEMPTS
     max_seconds: float = LEDGER_RETRY_MAX_SECONDS
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LedgerFault:
+    """What a ledger error means: whether trying again can help, and the operator's next step.
+
+    Transient faults (a refused or reset connection, a timeout, a locked file) follow
+    ``on_ledger_error``. Permanent ones (a bad URL, a missing table, a denied
+    permission, failed authentication) raise whatever it says: retrying cannot fix
+    them, and running every call unprotected would hide them.
+    """
+
+    transient: bool
+    fix: str
+
+
+#: The next step for a fault a ledger does not know more about.
+TRANSIENT_FIX = "Check that the ledger's server is reachable and answers within its timeouts."
+PERMANENT_FIX = "Check the ledger's URL, credentials and table; ledger.check() tries a round trip."
+
+
+def diagnose(ledger: Ledger, exc: BaseException) -> LedgerFault:
+    """How ``ledger`` classifies ``exc``: its own ``diagnose()``, else its ``transient_errors``."""
+    method = getattr(ledger, "diagnose", None)
+    if method is not None:
+        fault: LedgerFault = method(exc)
+        return fault
+    if isinstance(exc, ledger.transient_errors):
+        return LedgerFault(True, TRANSIENT_FIX)
+    return LedgerFault(False, PERMANENT_FIX)
+
+
+def is_transient(ledger: Ledger, exc: BaseException) -> bool:
+    """Whether trying ``exc``'s operation again may succeed."""
+    return diagnose(ledger, exc).transient
+
+
+#: The thread id of ``check()``'s probe records: no framework makes up this id, and
+#: each probe adds a random suffix, so a probe never meets a real call or another probe.
+PROBE_THREAD_PREFIX = "replaysafe-probe-"
 
 
 @runtime_checkable
@@ -116,6 +158,10 @@ class Ledger(Protocol):
         force: bool = False,
     ) -> Record | None:
         """Settle an in-doubt call by hand: record ``result``, or ``rerun=True`` to let it run again."""
+        ...
+
+    def check(self) -> None:
+        """Claim, complete, read and delete a probe record; ``LedgerError`` naming the fix if a step fails."""
         ...
 
     def close(self) -> None: ...
@@ -321,3 +367,108 @@ class LedgerBase:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+    def diagnose(self, exc: BaseException) -> LedgerFault:
+        """Whether ``exc`` is transient, and what fixes it; backends refine this."""
+        if isinstance(exc, self.transient_errors):
+            return LedgerFault(True, TRANSIENT_FIX)
+        return LedgerFault(False, PERMANENT_FIX)
+
+    def check(self) -> None:
+        """A round trip on a probe record, for readiness probes: claim, complete, read, delete.
+
+        Raises ``LedgerError`` naming the step that failed and the fix. The probe's
+        thread id starts with ``replaysafe-probe-`` and ends with a random suffix.
+        """
+        probe = _probe(self)
+        request = next(probe)
+        try:
+            while True:
+                step, args, kwargs = request
+                try:
+                    reply = getattr(self, step)(*args, **kwargs)
+                except Exception as exc:
+                    request = probe.throw(_probe_error(self, step, exc))
+                else:
+                    request = probe.send(reply)
+        except StopIteration:
+            return
+
+    async def acheck(self) -> None:
+        """``check()`` for async code, on ``.aio`` where it has the operation."""
+        probe = _probe(self)
+        request = next(probe)
+        aio = self.aio
+        try:
+            while True:
+                step, args, kwargs = request
+                try:
+                    if hasattr(aio, step):
+                        reply = await getattr(aio, step)(*args, **kwargs)
+                    else:  # delete is not an AsyncLedger operation
+                        reply = await asyncio.to_thread(getattr(self, step), *args, **kwargs)
+                except Exception as exc:
+                    request = probe.throw(_probe_error(self, step, exc))
+                else:
+                    request = probe.send(reply)
+        except StopIteration:
+            return
+
+
+_PROBE_RESULT = '"replaysafe-probe"'
+
+
+def _probe_error(ledger: Any, step: str, exc: BaseException) -> LedgerError:
+    fault = diagnose(ledger, exc)
+    cause = getattr(exc, "orig", None) or exc  # the driver's error, not SQLAlchemy's wrapper
+    return LedgerError(
+        f"ledger check failed at {step} on {ledger!r} ({type(cause).__name__}, "
+        f"{'transient' if fault.transient else 'permanent'}). {fault.fix}",
+        transient=fault.transient,
+        permanent=not fault.transient,
+    )
+
+
+def _probe(ledger: Any) -> Generator[tuple[str, tuple[Any, ...], dict[str, Any]], Any, None]:
+    """``check()``'s steps, shared by its sync and async drivers: each yields (operation, args, kwargs)."""
+    key = CallKey(f"{PROBE_THREAD_PREFIX}{uuid.uuid4().hex}", "probe", "probe")
+    owner = f"probe@{owner_token()}"
+    now = utcnow()
+    claimed = yield (
+        "claim",
+        (key,),
+        {
+            "tool_name": "replaysafe.check",
+            "args_digest": "0" * 64,
+            "owner": owner,
+            "now": now,
+            "lease_expires_at": now,
+        },
+    )
+    if not claimed.claimed:
+        raise LedgerError(f"ledger check on {ledger!r}: the probe claim found a record already there; run it again")
+    try:
+        completed = yield (
+            "complete",
+            (key,),
+            {
+                "owner": owner,
+                "status": Status.COMPLETED,
+                "result": _PROBE_RESULT,
+                "now": now,
+            },
+        )
+        stored = (yield "get", (key,), {}) if completed else None
+    except LedgerError:
+        yield "delete", (key,), {}  # best effort: leave no probe behind
+        raise
+    deleted = yield "delete", (key,), {}
+    if not completed:
+        raise LedgerError(f"ledger check on {ledger!r}: the probe's completion was refused; run it again")
+    if stored is None or stored.status is not Status.COMPLETED or stored.result != _PROBE_RESULT:
+        raise LedgerError(
+            f"ledger check on {ledger!r}: the probe record did not read back as written; check that the store "
+            "keeps what it is given (no eviction, no proxy rewriting values)"
+        )
+    if not deleted:
+        raise LedgerError(f"ledger check on {ledger!r}: the probe record could not be deleted")

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import hashlib
+import math
 import select
 import sys
 import typing
@@ -34,8 +35,10 @@ from .._clock import utcnow
 from .._constants import TABLE_NAME
 from .._identity import key_digest
 from .._records import CallKey, ClaimResult, Record, Status
-from ._protocol import AsyncLedger, RetryPolicy, SigningKey
+from ._options import io_timeouts, split_url_options
+from ._protocol import TRANSIENT_FIX, AsyncLedger, LedgerFault, RetryPolicy, SigningKey
 from ._sql import SqlLedger
+from ._watchdog import watchdog
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -200,6 +203,87 @@ def _psycopg_url(url: str | sa.URL) -> sa.URL:
     return parsed
 
 
+# The ledger's own URL options; libpq's (sslmode, application_name, ...) stay in the URL.
+# ``connect_timeout`` is both: the ledger reads it and hands it to libpq.
+_LEDGER_OPTIONS: dict[str, Any] = {
+    "table": str,
+    "schema": str,
+    "ttl": float,
+    "connect_timeout": float,
+    "io_timeout": float,
+}
+_LIBPQ_OPTIONS = frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults())
+#: Seconds the client waits past ``statement_timeout`` before it cuts a connection
+#: that does not answer (the server's own cancel is the clean way out, when it runs).
+_CUT_GRACE = 1.0
+
+_AUTH_FIX = "PostgreSQL refused the login: fix the user or password in the URL, or the server's pg_hba.conf."
+_DATABASE_FIX = "The database in the URL does not exist: create it, or fix the URL's database name."
+_PRIVILEGE_FIX = (
+    "The ledger's role lacks a privilege: GRANT it CREATE (and USAGE) on the schema, or have an owner create the "
+    "table from ledger.ddl() and pass create_schema=False; the role then needs SELECT, INSERT, UPDATE and DELETE "
+    "on the table."
+)
+_MISSING_TABLE_FIX = (
+    "The ledger's table or schema does not exist: pass create_schema=True, or apply ledger.ddl() (a migration)."
+)
+_URL_FIX = "The connection settings are invalid: fix the postgresql:// URL or its options."
+_SQL_FIX = "PostgreSQL refused a ledger statement: check that the table matches ledger.ddl() (no foreign table)."
+# SQLSTATEs and classes that pass: connection exceptions, shutdowns, overload, timeouts, conflicts.
+_TRANSIENT_CLASSES = ("08", "53", "40")
+_TRANSIENT_STATES = frozenset(
+    {
+        "57P01",  # admin_shutdown
+        "57P02",  # crash_shutdown
+        "57P03",  # cannot_connect_now (starting up)
+        "57P05",  # idle_session_timeout
+        "57014",  # query_canceled: statement_timeout
+        "55P03",  # lock_not_available: lock_timeout
+        "25006",  # read_only_sql_transaction: a standby, during a failover
+        "58000",  # system_error
+        "58030",  # io_error
+        "XX000",  # internal_error
+    }
+)
+# A server that answered a connection with FATAL refused it for good, except in these states.
+_PASSING_FATALS = ("starting up", "shutting down", "in recovery", "too many clients", "connection slots", "not yet")
+
+
+def _diagnose(exc: BaseException) -> LedgerFault:
+    """One place that tells a passing PostgreSQL fault from a misconfiguration, by SQLSTATE."""
+    cause = getattr(exc, "orig", None) or exc
+    if isinstance(cause, (TimeoutError, sa_exc.TimeoutError, sa_exc.DisconnectionError, ConnectionError)):
+        return LedgerFault(True, TRANSIENT_FIX)
+    if not isinstance(cause, psycopg.Error):
+        return LedgerFault(False, _URL_FIX if isinstance(cause, (sa_exc.ArgumentError, ValueError)) else _SQL_FIX)
+    state = cause.sqlstate or ""
+    if state.startswith("28"):
+        return LedgerFault(False, _AUTH_FIX)
+    if state == "3D000":
+        return LedgerFault(False, _DATABASE_FIX)
+    if state == "42501":
+        return LedgerFault(False, _PRIVILEGE_FIX)
+    if state in ("42P01", "3F000"):
+        return LedgerFault(False, _MISSING_TABLE_FIX)
+    if state.startswith(_TRANSIENT_CLASSES) or state in _TRANSIENT_STATES:
+        return LedgerFault(True, TRANSIENT_FIX)
+    if state:
+        return LedgerFault(False, _SQL_FIX)
+    # No SQLSTATE: libpq failed to connect or lost the connection.
+    if isinstance(cause, psycopg.OperationalError):
+        text = str(cause)
+        if "FATAL:" not in text or any(passing in text for passing in _PASSING_FATALS):
+            return LedgerFault(True, TRANSIENT_FIX)  # refused, reset, timed out, or the server is busy
+        if "database" in text and "does not exist" in text:
+            return LedgerFault(False, _DATABASE_FIX)
+        if "permission denied" in text:
+            return LedgerFault(False, _PRIVILEGE_FIX)
+        return LedgerFault(False, _AUTH_FIX)  # role, password, pg_hba.conf
+    if isinstance(cause, psycopg.InterfaceError):
+        return LedgerFault(True, TRANSIENT_FIX)  # a connection closed under us
+    return LedgerFault(False, _URL_FIX if isinstance(cause, psycopg.ProgrammingError) else _SQL_FIX)
+
+
 def _is_async_engine(value: object) -> bool:
     # sqlalchemy.ext.asyncio needs greenlet; whoever built an AsyncEngine has imported it.
     module = sys.modules.get("sqlalchemy.ext.asyncio")
@@ -214,6 +298,15 @@ class PostgresLedger(SqlLedger):
     then shared and never disposed by ``close()``. With ``create_schema=True`` the
     schema (``schema=``, created if missing), table and indexes are created on
     first use; ``ddl()`` gives the statements to apply by hand instead.
+
+    ``table``, ``schema``, ``ttl``, ``connect_timeout`` and ``io_timeout`` may also be
+    URL options (``?schema=ledger``); an argument wins over the URL. Connections the
+    ledger opens wait ``connect_timeout`` seconds to connect; each statement gets
+    ``io_timeout`` on the server (``statement_timeout``, half of it as
+    ``lock_timeout``), TCP keepalives and ``tcp_user_timeout`` bound a half-open
+    connection, and a statement with no answer ``io_timeout`` + 1 s after it started
+    has its connection cut, so a stalled server gives a ``LedgerError``. An engine
+    passed in keeps its own connection settings; the last bound applies to it too.
     """
 
     transient_errors: tuple[type[BaseException], ...] = (
@@ -225,13 +318,24 @@ class PostgresLedger(SqlLedger):
         self,
         url_or_engine: str | sa.URL | Engine | AsyncEngine,
         *,
-        table: str = TABLE_NAME,
+        table: str | None = None,
         schema: str | None = None,
         ttl: float | None = None,
         create_schema: bool = True,
+        connect_timeout: float | None = None,
+        io_timeout: float | None = None,
         retry: RetryPolicy | None = None,
         signing_key: SigningKey | None = None,
     ) -> None:
+        if isinstance(url_or_engine, (str, sa.URL)):
+            text = url_or_engine if isinstance(url_or_engine, str) else url_or_engine.render_as_string(False)
+            url_or_engine, from_url = split_url_options(text, _LEDGER_OPTIONS, _LIBPQ_OPTIONS, "PostgresLedger")
+            table = table if table is not None else from_url.get("table")
+            schema = schema if schema is not None else from_url.get("schema")
+            ttl = ttl if ttl is not None else from_url.get("ttl")
+            connect_timeout = connect_timeout if connect_timeout is not None else from_url.get("connect_timeout")
+            io_timeout = io_timeout if io_timeout is not None else from_url.get("io_timeout")
+        self.connect_timeout, self.io_timeout = io_timeouts(connect_timeout, io_timeout)
         engine: Engine | None = None
         self._async_engine: AsyncEngine | None = None
         if isinstance(url_or_engine, Engine):
@@ -255,7 +359,7 @@ class PostgresLedger(SqlLedger):
         super().__init__(
             engine,
             url=url,
-            table=table,
+            table=table if table is not None else TABLE_NAME,
             schema=schema,
             ttl=ttl,
             create_schema=create_schema,
@@ -278,14 +382,71 @@ class PostgresLedger(SqlLedger):
         # Autocommit: each protocol statement is its own transaction, with no
         # BEGIN/COMMIT round trips around it. No pre-ping either (a round trip per
         # checkout): dead connections are found by _usable() instead.
-        engine = sa.create_engine(self._url, isolation_level="AUTOCOMMIT")  # type: ignore[arg-type]
+        engine = sa.create_engine(
+            self._url,  # type: ignore[arg-type]
+            isolation_level="AUTOCOMMIT",
+            connect_args=self._connect_params(),
+        )
 
         @sa.event.listens_for(engine, "checkout")
         def _discard_dead(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
             if not _usable(dbapi_connection):
                 raise sa_exc.DisconnectionError("the server closed this pooled connection")  # the pool reconnects
 
+        # The statements SQLAlchemy runs (DDL, records(), delete(), purges) get the
+        # same client-side bound as the protocol's own (see _cursor).
+        @sa.event.listens_for(engine, "before_cursor_execute")
+        def _arm(conn: Any, _cursor: Any, _statement: Any, _params: Any, _context: Any, _many: Any) -> None:
+            fileno = conn.connection.driver_connection.fileno()
+            conn.info["replaysafe_deadline"] = watchdog.arm(fileno, self._cut_after)[0]
+
+        @sa.event.listens_for(engine, "after_cursor_execute")
+        def _disarm(conn: Any, *_: Any) -> None:
+            token = conn.info.pop("replaysafe_deadline", None)
+            if token is not None:
+                watchdog.disarm(token)
+
+        @sa.event.listens_for(engine, "handle_error")
+        def _disarm_on_error(context: Any) -> None:
+            if context.connection is not None:
+                _disarm(context.connection)
+
         return engine
+
+    @property
+    def _cut_after(self) -> float:
+        """Seconds after which a statement with no answer has its connection cut."""
+        return self.io_timeout + _CUT_GRACE
+
+    def _connect_params(self) -> dict[str, Any]:
+        """libpq settings that bound every wait of a connection the ledger opens; the URL's own win."""
+        given = set(self._url.query) if isinstance(self._url, sa.URL) else set()
+        io_ms = max(1, round(self.io_timeout * 1000))
+        params: dict[str, Any] = {
+            "connect_timeout": max(2, math.ceil(self.connect_timeout)),  # libpq counts whole seconds, 2 at least
+            "keepalives": 1,
+            "keepalives_idle": max(1, math.ceil(self.io_timeout / 2)),
+            "keepalives_interval": max(1, math.ceil(self.io_timeout / 6)),
+            "keepalives_count": 3,
+            # Unacknowledged data for this long drops the connection (a half-open one).
+            "tcp_user_timeout": io_ms,
+        }
+        params = {name: value for name, value in params.items() if name not in given}
+        # Our own integers only: no value from outside reaches the options string.
+        options = f"-c statement_timeout={io_ms} -c lock_timeout={max(1, io_ms // 2)}"
+        if "options" in given and isinstance(self._url, sa.URL):
+            options = f"{options} {self._url.query['options']}"  # the URL's settings come last, so they win
+        params["options"] = options
+        return params
+
+    def diagnose(self, exc: BaseException) -> LedgerFault:
+        return _diagnose(exc)
+
+    def _no_answer(self) -> str:
+        return (
+            f"PostgreSQL gave no answer within {self._cut_after:g}s (io_timeout={self.io_timeout:g}); the "
+            "connection was cut"
+        )
 
     def _create_table(self, engine: Engine) -> None:
         with engine.connect() as conn:
@@ -333,9 +494,14 @@ class PostgresLedger(SqlLedger):
         try:
             if restore:
                 conn.autocommit = True
-            with conn.cursor() as cursor:
-                yield cursor
-        except psycopg.Error as exc:
+            with watchdog.guard(conn.fileno(), self._cut_after) as deadline, conn.cursor() as cursor:
+                try:
+                    yield cursor
+                except psycopg.Error as exc:
+                    if deadline.expired:
+                        raise TimeoutError(self._no_answer()) from exc
+                    raise
+        except (psycopg.Error, TimeoutError) as exc:
             if conn.closed:
                 restore = False
                 fairy.invalidate(exc)  # never hand a broken connection out again
@@ -502,8 +668,15 @@ class _AsyncPostgresLedger:
     @contextlib.asynccontextmanager
     async def _cursor(self) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
         await self._ready()
-        async with self._connection() as conn, conn.cursor() as cursor:
-            yield cursor
+        async with self._connection() as conn:
+            with watchdog.guard(conn.fileno(), self._ledger._cut_after) as deadline:
+                try:
+                    async with conn.cursor() as cursor:
+                        yield cursor
+                except psycopg.Error as exc:
+                    if deadline.expired:
+                        raise TimeoutError(self._ledger._no_answer()) from exc
+                    raise
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -524,7 +697,9 @@ class _AsyncPostgresLedger:
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
         engine = self._ledger.engine
         cargs, cparams = engine.dialect.create_connect_args(engine.url)
-        return await psycopg.AsyncConnection.connect(*cargs, **{**cparams, "autocommit": True})
+        ours = self._ledger._connect_params() if self._ledger._owns_engine else {}  # a shared engine's are its own
+        params = {**cparams, **ours, "autocommit": True}
+        return await psycopg.AsyncConnection.connect(*cargs, **params)
 
     @contextlib.asynccontextmanager
     async def _borrowed(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:

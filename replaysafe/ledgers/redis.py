@@ -20,6 +20,7 @@ import os
 import re
 import typing
 import urllib.parse
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator
 from types import TracebackType
@@ -32,8 +33,10 @@ import redis.connection
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from .._errors import ReplaySafeWarning
 from .._records import CallKey, ClaimResult, Record, Status
-from ._protocol import AsyncLedger, LedgerBase, RetryPolicy, SigningKey
+from ._options import io_timeouts, split_url_options
+from ._protocol import TRANSIENT_FIX, AsyncLedger, LedgerBase, LedgerFault, RetryPolicy, SigningKey
 
 _PREFIX = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -184,6 +187,46 @@ _SYNC_CONNECTIONS = {
 _ASYNC_CONNECTIONS: dict[type, type] = {sync: aio for aio, sync in _SYNC_CONNECTIONS.items()}
 
 
+# The ledger's own URL options; redis-py's (``socket_timeout``, ``db``, ...) stay in the URL.
+_LEDGER_OPTIONS: dict[str, Any] = {"prefix": str, "ttl": float, "connect_timeout": float, "io_timeout": float}
+_DRIVER_OPTIONS = frozenset(redis.connection.URL_QUERY_ARGUMENT_PARSERS) | frozenset(_PORTABLE_SETTINGS)
+
+_AUTH_FIX = "Fix the username or password in the Redis URL (or the client's credentials)."
+_ACL_FIX = (
+    "Grant the Redis user the commands the ledger uses (EVALSHA, SCRIPT LOAD, EVAL, HGETALL, ZRANGE, SCAN, DEL, "
+    "ZREM) on the ledger's key prefix, or use a user that has them."
+)
+_RESPONSE_FIX = (
+    "Redis refused a command: check that the server is Redis 6.2 or later with scripting enabled and that no "
+    "other program writes keys under the ledger's prefix."
+)
+
+
+def _diagnose(exc: BaseException) -> LedgerFault:
+    """Transient (the link or the server's state) or permanent (credentials, ACL, a refused command)."""
+    if isinstance(exc, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
+        return LedgerFault(False, _AUTH_FIX)  # a ConnectionError subclass: test it first
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return LedgerFault(False, _ACL_FIX)
+    transient = (
+        redis.ConnectionError,  # refused, reset, closed
+        redis.TimeoutError,  # no answer within io_timeout
+        redis.BusyLoadingError,
+        redis.exceptions.TryAgainError,
+        redis.exceptions.ClusterDownError,
+        redis.exceptions.MasterDownError,
+        redis.exceptions.ReadOnlyError,  # a replica during a failover
+        redis.exceptions.OutOfMemoryError,
+        ConnectionError,
+        TimeoutError,
+    )
+    if isinstance(exc, transient):
+        return LedgerFault(True, TRANSIENT_FIX)
+    if isinstance(exc, redis.ResponseError):
+        return LedgerFault(False, _RESPONSE_FIX)
+    return LedgerFault(False, "A bug or a misconfiguration: check the ledger's URL and options.")
+
+
 def _once(*, asynchronous: bool = False) -> Any:
     """redis-py's retry for the clients we create: one immediate retry on a fresh connection.
 
@@ -225,6 +268,11 @@ class RedisLedger(LedgerBase):
     then shared and never closed by ``close()``. ``.aio`` uses ``redis.asyncio``:
     given a sync client it connects with the same settings, and the reverse.
     With ``ttl`` (seconds), completed and failed records expire natively.
+
+    Clients the ledger creates wait ``connect_timeout`` seconds to connect and
+    ``io_timeout`` for any answer (redis-py's ``socket_connect_timeout`` and
+    ``socket_timeout``), so a stalled server gives a ``LedgerError``, not a hang.
+    Both may also be URL options; a client passed in keeps its own settings.
     """
 
     transient_errors: tuple[type[BaseException], ...] = (
@@ -240,12 +288,22 @@ class RedisLedger(LedgerBase):
         self,
         url_or_client: str | redis.Redis | redis.asyncio.Redis,
         *,
-        prefix: str = "replaysafe",
+        prefix: str | None = None,
         ttl: float | None = None,
+        connect_timeout: float | None = None,
+        io_timeout: float | None = None,
         retry: RetryPolicy | None = None,
         signing_key: SigningKey | None = None,
     ) -> None:
         super().__init__(retry=retry, signing_key=signing_key)
+        if isinstance(url_or_client, str):
+            url_or_client, from_url = split_url_options(url_or_client, _LEDGER_OPTIONS, _DRIVER_OPTIONS, "RedisLedger")
+            prefix = prefix if prefix is not None else from_url.get("prefix")
+            ttl = ttl if ttl is not None else from_url.get("ttl")
+            connect_timeout = connect_timeout if connect_timeout is not None else from_url.get("connect_timeout")
+            io_timeout = io_timeout if io_timeout is not None else from_url.get("io_timeout")
+        prefix = "replaysafe" if prefix is None else prefix
+        self.connect_timeout, self.io_timeout = io_timeouts(connect_timeout, io_timeout)
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
             raise ValueError(
                 f"RedisLedger prefix {prefix!r} is not allowed: use letters, digits and _ . : / - (max 200), "
@@ -265,8 +323,10 @@ class RedisLedger(LedgerBase):
         elif isinstance(url_or_client, redis.Redis):
             self._client = url_or_client
             self._owns_client = False
+            _warn_if_unbounded(url_or_client)
         elif isinstance(url_or_client, redis.asyncio.Redis):
             self._shared_aio = url_or_client
+            _warn_if_unbounded(url_or_client)
         else:
             raise TypeError(
                 f"RedisLedger takes a redis:// URL or a redis.Redis / redis.asyncio.Redis client, "
@@ -295,7 +355,7 @@ class RedisLedger(LedgerBase):
         """The sync client, connected on first use."""
         if self._client is None:
             if self._url is not None:
-                self._client = redis.Redis.from_url(self._url, retry=_once())
+                self._client = redis.Redis.from_url(self._url, retry=_once(), **self._socket_settings())
             else:
                 assert self._shared_aio is not None
                 pool = redis.ConnectionPool(**_twin_pool(self._shared_aio.connection_pool, _SYNC_CONNECTIONS, "sync"))
@@ -306,6 +366,17 @@ class RedisLedger(LedgerBase):
             self._scripts = _register(self._client)
         return self._client
 
+    def _socket_settings(self) -> dict[str, Any]:
+        """Timeouts for the clients the ledger creates (a ``socket_timeout`` in the URL wins)."""
+        return {
+            "socket_connect_timeout": self.connect_timeout,
+            "socket_timeout": self.io_timeout,
+            "socket_keepalive": True,
+        }
+
+    def diagnose(self, exc: BaseException) -> LedgerFault:
+        return _diagnose(exc)
+
     def _script(self, name: str) -> Any:
         self.client  # noqa: B018 - connects and registers the scripts
         assert self._scripts is not None
@@ -313,7 +384,7 @@ class RedisLedger(LedgerBase):
 
     def _new_async_client(self) -> redis.asyncio.Redis:
         if self._url is not None:
-            return redis.asyncio.Redis.from_url(self._url, retry=_once(asynchronous=True))
+            return redis.asyncio.Redis.from_url(self._url, retry=_once(asynchronous=True), **self._socket_settings())
         assert self._client is not None
         settings = _twin_pool(self._client.connection_pool, _ASYNC_CONNECTIONS, "asyncio")
         return redis.asyncio.Redis(
@@ -486,6 +557,23 @@ class RedisLedger(LedgerBase):
                 if reply:
                     found.append(_record(key, _fields(reply)))
         return iter(sorted(found, key=lambda r: r.created_at))
+
+
+def _warn_if_unbounded(client: redis.Redis | redis.asyncio.Redis) -> None:
+    """A client passed in is the caller's: say once if it can wait forever on a stalled server."""
+    pool = client.connection_pool
+    try:  # a connection object, not connected: the pool's settings with the class's defaults filled in
+        socket_timeout = getattr(pool.connection_class(**pool.connection_kwargs), "socket_timeout", None)
+    except Exception:  # a connection class we cannot build alone: trust what the pool was given
+        socket_timeout = pool.connection_kwargs.get("socket_timeout")
+    if socket_timeout is None:
+        warnings.warn(
+            "RedisLedger was given a Redis client without socket_timeout: a stalled server can block every "
+            "protected call for as long as it stalls. Create the client with socket_timeout= and "
+            "socket_connect_timeout=, or pass a redis:// URL (the ledger then sets both).",
+            ReplaySafeWarning,
+            stacklevel=3,
+        )
 
 
 def _register(client: redis.Redis | redis.asyncio.Redis) -> dict[str, Any]:

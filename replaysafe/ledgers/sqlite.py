@@ -18,8 +18,15 @@ from .._clock import utcnow
 from .._constants import TABLE_NAME
 from .._identity import key_digest
 from .._records import CallKey, ClaimResult, Record, Status
-from ._protocol import RetryPolicy, SigningKey
+from ._options import split_url_options
+from ._protocol import TRANSIENT_FIX, LedgerFault, RetryPolicy, SigningKey
 from ._sql import _COLUMNS, SqlLedger
+
+_LEDGER_OPTIONS: dict[str, Any] = {"table": str, "ttl": float, "busy_timeout": float}
+# SQLite's primary result codes (the low byte of an extended one) that pass: a writer
+# holds the lock, or the disk is full or failing for now.
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL = 5, 6, 10, 13
+_MISSING_TABLE_FIX = "The ledger's table does not exist: pass create_schema=True, or apply ledger.ddl()."
 
 
 class SqliteLedger(SqlLedger):
@@ -37,16 +44,20 @@ class SqliteLedger(SqlLedger):
         self,
         path_or_url: str | os.PathLike[str],
         *,
-        table: str = TABLE_NAME,
+        table: str | None = None,
         ttl: float | None = None,
         synchronous: Literal["FULL", "NORMAL"] = "FULL",
-        busy_timeout: float = 30.0,
+        busy_timeout: float | None = None,
         create_schema: bool = True,
         retry: RetryPolicy | None = None,
         signing_key: SigningKey | None = None,
     ) -> None:
         text = os.fspath(path_or_url)
         if text.startswith("sqlite:"):
+            text, from_url = split_url_options(text, _LEDGER_OPTIONS, (), "SqliteLedger")
+            table = table if table is not None else from_url.get("table")
+            ttl = ttl if ttl is not None else from_url.get("ttl")
+            busy_timeout = busy_timeout if busy_timeout is not None else from_url.get("busy_timeout")
             url = sa.make_url(text)
             database = url.database or ""
         else:
@@ -61,11 +72,11 @@ class SqliteLedger(SqlLedger):
             raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}")
         self.path = Path(database)
         self._synchronous = synchronous
-        self._busy_timeout_ms = int(busy_timeout * 1000)
+        self._busy_timeout_ms = int((busy_timeout if busy_timeout is not None else 30.0) * 1000)
         super().__init__(
             None,
             url=url,
-            table=table,
+            table=table if table is not None else TABLE_NAME,
             schema=None,
             ttl=ttl,
             create_schema=create_schema,
@@ -75,6 +86,29 @@ class SqliteLedger(SqlLedger):
 
     def __repr__(self) -> str:
         return f"SqliteLedger({str(self.path)!r})"
+
+    def diagnose(self, exc: BaseException) -> LedgerFault:
+        """A locked or full database passes; a file that cannot be opened or a missing table does not."""
+        cause = getattr(exc, "orig", None) or exc
+        if not isinstance(cause, sqlite3.Error):
+            return super().diagnose(exc)
+        code = getattr(cause, "sqlite_errorcode", None)  # Python 3.11+
+        text = str(cause).lower()
+        if code is not None:
+            transient = code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_IOERR, _SQLITE_FULL)
+        else:  # pragma: no cover - Python 3.10
+            transient = "locked" in text or "busy" in text or "disk" in text
+        if transient:
+            return LedgerFault(True, "Another writer holds the SQLite file, or its disk is full: " + TRANSIENT_FIX)
+        if not self.path.parent.is_dir():
+            return LedgerFault(False, f"The directory of the SQLite ledger does not exist: create {self.path.parent}.")
+        if "no such table" in text:
+            return LedgerFault(False, _MISSING_TABLE_FIX)
+        if "readonly" in text or "unable to open" in text:
+            return LedgerFault(
+                False, f"The SQLite ledger {self.path} cannot be opened for writing: check the file's permissions."
+            )
+        return LedgerFault(False, "SQLite refused a ledger statement: check that the file is a replaysafe ledger.")
 
     def _create_engine(self) -> Engine:
         engine = sa.create_engine(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import unicodedata
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -291,3 +292,70 @@ def test_two_event_loops_in_turn(ledger: Ledger) -> None:
     assert asyncio.run(claim_one(1))
     assert asyncio.run(claim_one(2))
     assert {r.key.tool_call_id for r in ledger.records(thread_id=thread)} == {"1", "2"}
+
+
+# --- check(): the readiness probe ---------------------------------------------------------
+
+
+def test_check_round_trips_and_leaves_nothing(ledger: Ledger) -> None:
+    """check() claims, completes, reads and deletes a probe record: it passes and leaves no record behind."""
+    ledger.check()
+    ledger.check()  # each probe has its own key: a second one does not meet the first
+    assert list(ledger.records()) == []
+
+
+async def test_acheck_round_trips_and_leaves_nothing(ledger: Ledger) -> None:
+    await ledger.acheck()  # type: ignore[attr-defined]
+    assert list(ledger.records()) == []
+
+
+def test_check_does_not_touch_real_calls(ledger: Ledger) -> None:
+    """A probe never meets a real call's record, whatever ids that call has."""
+    key = new_key(thread="replaysafe-probe")
+    claim(ledger, key, owner="a#1")
+    ledger.check()
+    (record,) = ledger.records()
+    assert (record.key, record.owner, record.status) == (key, "a#1", Status.RUNNING)
+
+
+# --- ids are exact code points ---------------------------------------------------------------
+
+
+def test_ids_are_compared_as_exact_code_points(ledger: Ledger) -> None:
+    """An NFC and an NFD spelling of the same text are two keys; each round-trips exactly (get, get_many, records)."""
+    text = "café-Ωμέγα-한국"
+    nfc, nfd = unicodedata.normalize("NFC", text), unicodedata.normalize("NFD", text)
+    assert nfc != nfd
+    prefix = f"t-{uuid.uuid4().hex[:8]}-"
+    keys = [CallKey(prefix + form, form, form) for form in (nfc, nfd)]
+    for key, result in zip(keys, ('"nfc"', '"nfd"'), strict=True):
+        assert claim(ledger, key, owner=f"{result}#1").claimed  # the second spelling does not find the first
+        assert ledger.complete(key, owner=f"{result}#1", status=Status.COMPLETED, result=result, now=NOW)
+    for key, result in zip(keys, ('"nfc"', '"nfd"'), strict=True):
+        stored = ledger.get(key)
+        assert stored is not None
+        assert stored.result == result
+        assert stored.key == key
+        assert [list(map(ord, part)) for part in stored.key] == [list(map(ord, part)) for part in key]
+        (listed,) = ledger.records(thread_id=key.thread_id)
+        assert listed.key == key
+        assert listed.result == result
+    assert {r.key for r in ledger.records()} >= set(keys)
+    assert set(ledger.get_many(keys)) == set(keys)
+
+
+def test_a_tool_called_under_both_spellings_runs_twice(ledger: Ledger) -> None:
+    """What the framework gives is what is keyed: no normalization merges two spellings."""
+    runs: list[str] = []
+
+    @replay_safe(ledger=ledger)
+    def send(thread: str) -> str:
+        runs.append(thread)
+        return thread
+
+    text = "Zoë"
+    for form in ("NFC", "NFD", "NFC"):
+        spelled = unicodedata.normalize(form, text)
+        with tool_call(spelled, "m", "c"):
+            assert send(spelled) == spelled
+    assert runs == [unicodedata.normalize("NFC", text), unicodedata.normalize("NFD", text)]

@@ -234,7 +234,7 @@ def test_a_missing_table_without_create_schema_fails_closed(postgres_url: str) -
         def tool() -> int:
             return 1
 
-        with tool_call("t", "m", "c"), pytest.raises(LedgerError, match="table exists"):
+        with tool_call("t", "m", "c"), pytest.raises(LedgerError, match=r"create_schema=True, or apply ledger\.ddl"):
             tool()
 
 
