@@ -138,12 +138,30 @@ def _class_tree(value: Any) -> Any:
         return _tagged("dataclass", [*_type_ref(cls), _tree(fields)])
     base_model = _pydantic_base_model()
     if base_model is not None and isinstance(value, base_model):
-        try:
-            data = typing.cast(Any, value).model_dump(mode="python", by_alias=True, round_trip=True)
-        except Exception:  # its message may quote the data
-            raise _RefusedError(f"{_type_name(cls)} (pydantic cannot dump it)") from None
-        return _tagged("model", [*_type_ref(cls), _tree(data)])
+        return _tagged("model", [*_type_ref(cls), *_model_tree(value)])
     raise _RefusedError(_type_name(cls))
+
+
+def _model_tree(model: Any) -> list[Any]:
+    """A model's field values as they are (nested models, dataclasses, tuples keep their
+    types), keyed as validation reads them; and its private attributes, if any.
+
+    Not ``model_dump``: it turns a dataclass or a model held in an ``Any`` field into a dict.
+    """
+    cls = type(model)
+    by_name = cls.model_config.get("validate_by_name") or cls.model_config.get("populate_by_name")
+    data = {}
+    for name, value in model:  # fields, then extra fields
+        field = cls.model_fields.get(name)
+        key = name
+        if field is not None and not by_name:
+            alias = field.validation_alias if field.validation_alias is not None else field.alias
+            if alias is not None and not isinstance(alias, str):  # AliasPath, AliasChoices
+                raise _RefusedError(f"{_type_name(cls)} (its field {name} has a path alias: allow validation by name)")
+            key = alias or name
+        data[key] = value
+    private = model.__pydantic_private__
+    return [_tree(data), _tree(dict(private))] if private else [_tree(data)]
 
 
 def _pydantic_base_model() -> type | None:
@@ -294,8 +312,13 @@ def _dataclass(payload: Any) -> Any:
 
 
 def _model(payload: Any) -> Any:
-    cls, data = _class(payload, "pydantic model", lambda cls: _is_model_class(cls))
-    return cls.model_validate(data)
+    """A model validated from its field values (a changed model fails here), then its private state."""
+    module, qualname, data, *private = _of(list, payload)
+    cls, _ = _class([module, qualname, None], "pydantic model", _is_model_class)
+    model = cls.model_validate(data)
+    if private:
+        model.__pydantic_private__.update(_of(dict, private[0]))
+    return model
 
 
 def _is_model_class(cls: type) -> bool:

@@ -146,9 +146,9 @@ def _class_node(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
         return ["dataclass", *_type_path(value), _canonical_tree(fields)]
-    model_dump = getattr(value, "model_dump", None)
-    if callable(model_dump) and not isinstance(value, type):  # a pydantic model
-        return ["model", *_type_path(value), _canonical_tree(model_dump(mode="python"))]
+    if callable(getattr(value, "model_dump", None)) and not isinstance(value, type):  # a pydantic model
+        # Its fields and extra fields as they are: model_dump would turn a dataclass in an Any field into a dict.
+        return ["model", *_type_path(value), _canonical_tree(dict(value))]
     for base in _BUILTIN_BASES:
         if isinstance(value, base):  # a subclass of a builtin (a named tuple, an OrderedDict...): its type and data
             return ["instance", *_type_path(value), _canonical_tree(_BUILTIN_BASES[base](value))]
