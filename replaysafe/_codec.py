@@ -97,7 +97,11 @@ def _is_plain_offset(zone: dt.tzinfo) -> bool:
     if type(zone) is not dt.timezone:
         return False
     offset = zone.utcoffset(None)
-    return zone.tzname(None) == dt.timezone(offset).tzname(None)
+    # fromisoformat misreads some offsets finer than a minute (-00:00:00.5 as UTC).
+    return offset % _MINUTE == _ZERO and zone.tzname(None) == dt.timezone(offset).tzname(None)
+
+
+_MINUTE, _ZERO = dt.timedelta(minutes=1), dt.timedelta(0)
 
 
 def _zone_tree(zone: dt.tzinfo | None) -> Any:

@@ -59,6 +59,7 @@ REPORTED = [
     bytearray(b"\x00\xff"),
     b"\x00",
     dt.timedelta(days=-1, microseconds=3),
+    dt.time(0, 0, tzinfo=dt.timezone(-dt.timedelta(microseconds=999993))),  # fromisoformat reads it as UTC
     decimal.Decimal("-0.00"),
     -0.0,
 ]
