@@ -59,11 +59,12 @@ def _canonical_default(obj: Any) -> Any:
 #
 # Two argument mappings digest alike exactly when they are equal as typed data. Plain
 # JSON data of exact types (the common case) is sorted-key JSON, which is injective
-# on that domain. Anything else is a tree in which every JSON array is a tagged node
+# on that domain (and the same text as before this form existed, so those digests did
+# not change). Anything else is a tree in which every JSON array is a tagged node
 # (["list", ...], ["date", "2026-01-01"], ...) and every JSON object a dict with
-# ``str`` keys; the two forms carry different prefixes, so they cannot meet.
+# ``str`` keys, behind a prefix no JSON object starts with: the two forms cannot meet.
 
-_PLAIN_FORM, _TAGGED_FORM = "j", "t"
+_TAGGED_FORM = "~"
 
 
 def _unexpected(obj: Any) -> Any:
@@ -76,7 +77,7 @@ _sorted_json = json_encoder(sort_keys=True, separators=(",", ":"), ensure_ascii=
 def _args_text(arguments: Mapping[str, Any]) -> str:
     """The canonical text of an argument mapping: equal texts exactly for equal typed data."""
     if type(arguments) is dict and is_plain(arguments):
-        return _PLAIN_FORM + _sorted_json(arguments)
+        return _sorted_json(arguments)  # starts with "{"
     return _TAGGED_FORM + _sorted_json(_canonical_tree(dict(arguments)))
 
 

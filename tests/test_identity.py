@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import hashlib
 import json
 import os
 import re
@@ -70,6 +71,13 @@ def test_digest_tells_types_apart() -> None:
     values = ["2026-01-01", dt.date(2026, 1, 1), 1, 1.0, True, "1", decimal.Decimal("1"), [1], {"1": 1}]
     digests = {args_digest({"x": v}, tool_name="t") for v in values}
     assert len(digests) == len(values)
+
+
+def test_plain_arguments_digest_as_before() -> None:
+    """Plain JSON arguments keep the digest earlier versions stored: sha256 of sorted-key JSON."""
+    args = {"order_id": "1042", "amount": 59.5, "lines": [{"sku": "é", "qty": 2}], "note": None, "rush": False}
+    text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert args_digest(args, tool_name="t") == hashlib.sha256(text.encode()).hexdigest()
 
 
 LOOKALIKES = [
