@@ -87,6 +87,7 @@ LOOKALIKES = [
     ({True: "a"}, {1: "a"}),
     ({None: "a"}, {"null": "a"}),
     (b"\x00", {TAG: "bytes", "v": "AA=="}),
+    (b"\x00", ["$bytes", "AA=="]),
     (b"\x00", bytearray(b"\x00")),
     ((1, 2), [1, 2]),
     ({1, 2}, frozenset({1, 2})),
