@@ -1,9 +1,17 @@
-"""Result encoding: JSON with a few tagged types, never pickle.
+"""Result encoding: JSON with tagged types, never pickle.
 
-A shared store must not become a code-execution path, so results are data: the
-JSON types, plus tagged ``datetime``, ``date``, ``time``, ``Decimal``, ``UUID``,
-``bytes`` and sets. Dataclasses and pydantic models are stored as their fields and
-come back as their own type when the tool's return annotation names it.
+A shared store must not become a code-execution path, so results are data. The
+encoder accepts only what it rebuilds exactly, type for type, and refuses anything
+else when the call is recorded (``ResultEncodingError``), so that a replay never
+discovers a loss. Plain JSON data (dicts with ``str`` keys, lists, ``str``, ``int``,
+``float``, ``bool``, ``None``, of exactly those types) is written as is, by json's C
+encoder. Every other supported value is a tagged object ``{"__replaysafe__": tag,
+"v": payload}``: tuples, sets, frozensets, dicts with other keys (or holding the tag
+key themselves), ``bytes``, ``bytearray``, the datetime family, ``Decimal``, ``UUID``,
+Enum members, dataclasses and pydantic models. Classes are named by module and
+qualified name and found again only among modules already imported: stored data
+never imports a module, and a name that does not resolve to the expected kind of
+class fails to decode.
 """
 
 from __future__ import annotations
@@ -14,16 +22,20 @@ import datetime as dt
 import decimal
 import enum
 import json
+import re
+import sys
 import types
 import typing
 import uuid
+import weakref
+import zoneinfo
 from collections.abc import Callable
 from typing import Any, Protocol, Union
 
 from ._errors import ResultEncodingError
-from ._json import json_encoder
+from ._json import JSON_SCALARS, TAG_KEY, is_plain, json_encoder
 
-_TAG = "__replaysafe__"
+_TAG = TAG_KEY
 _TAG_MARK = f'"{_TAG}"'
 
 
@@ -35,100 +47,348 @@ class Serializer(Protocol):
     def loads(self, text: str, /) -> Any: ...
 
 
-def _tagged(tag: str, value: Any) -> dict[str, Any]:
-    return {_TAG: tag, "v": value}
+class ResultDecodingError(ValueError):
+    """Stored text that does not decode to a value; the message names types, never values."""
 
 
-def _encode_default(obj: Any) -> Any:
-    if isinstance(obj, dt.datetime):
-        return _tagged("datetime", obj.isoformat())
-    if isinstance(obj, dt.date):
-        return _tagged("date", obj.isoformat())
-    if isinstance(obj, dt.time):
-        return _tagged("time", obj.isoformat())
-    if isinstance(obj, decimal.Decimal):
-        return _tagged("decimal", str(obj))
-    if isinstance(obj, uuid.UUID):
-        return _tagged("uuid", str(obj))
-    if isinstance(obj, (bytes, bytearray, memoryview)):
-        return _tagged("bytes", base64.b64encode(bytes(obj)).decode("ascii"))
-    if isinstance(obj, (set, frozenset)):
-        return _tagged("frozenset" if isinstance(obj, frozenset) else "set", list(obj))
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    model_dump = getattr(obj, "model_dump", None)
-    if callable(model_dump):  # a pydantic model
-        return model_dump(mode="json")
-    raise TypeError(f"{type(obj).__module__}.{type(obj).__qualname__}")
+class _RefusedError(TypeError):
+    """A value the encoder cannot rebuild exactly; the message is a type name and why."""
 
 
-_DECODERS: dict[str, Callable[[Any], Any]] = {
-    "datetime": dt.datetime.fromisoformat,
-    "date": dt.date.fromisoformat,
-    "time": dt.time.fromisoformat,
-    "decimal": decimal.Decimal,
-    "uuid": uuid.UUID,
-    "bytes": lambda v: base64.b64decode(v.encode("ascii")),
-    "set": set,
-    "frozenset": frozenset,
-    "dict": lambda pairs: {k: v for k, v in pairs},
+def _type_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# --- encoding -------------------------------------------------------------------------
+
+
+def _tagged(tag: str, payload: Any) -> dict[str, Any]:
+    return {_TAG: tag, "v": payload}
+
+
+def _tree(value: Any) -> Any:
+    """``value`` as plain JSON data, tagging every node JSON cannot rebuild by itself."""
+    kind = type(value)
+    if kind in JSON_SCALARS:
+        return value
+    if kind is list:
+        return [_tree(item) for item in value]
+    if kind is dict:
+        if _TAG not in value and all(type(key) is str for key in value):
+            return {key: _tree(item) for key, item in value.items()}
+        # Other keys, or user data holding our tag key: pairs, so keys keep their types.
+        return _tagged("dict", [[_tree(key), _tree(item)] for key, item in value.items()])
+    encode = _ENCODERS.get(kind)
+    if encode is not None:
+        return encode(value)
+    return _class_tree(value)
+
+
+def _clock_tree(value: dt.datetime | dt.time) -> Any:
+    """An ISO string when it says everything; else the naive ISO form, fold and zone."""
+    zone = value.tzinfo
+    if value.fold == 0 and (zone is None or _is_plain_offset(zone)):
+        return value.isoformat()
+    return [value.replace(tzinfo=None, fold=0).isoformat(), value.fold, _zone_tree(zone)]
+
+
+def _is_plain_offset(zone: dt.tzinfo) -> bool:
+    """A fixed offset whose name is the default one: what ``fromisoformat`` rebuilds."""
+    if type(zone) is not dt.timezone:
+        return False
+    offset = zone.utcoffset(None)
+    # fromisoformat misreads some offsets finer than a minute (-00:00:00.5 as UTC).
+    return offset % _MINUTE == _ZERO and zone.tzname(None) == dt.timezone(offset).tzname(None)
+
+
+_MINUTE, _ZERO = dt.timedelta(minutes=1), dt.timedelta(0)
+
+
+def _zone_tree(zone: dt.tzinfo | None) -> Any:
+    if zone is None:
+        return None
+    if type(zone) is dt.timezone:
+        offset = zone.utcoffset(None)
+        return ["offset", offset // dt.timedelta(microseconds=1), zone.tzname(None)]
+    if type(zone) is zoneinfo.ZoneInfo and zone.key is not None:
+        return ["zone", zone.key]
+    raise _RefusedError(f"a time zone of type {_type_name(type(zone))} (use datetime.timezone or zoneinfo.ZoneInfo)")
+
+
+_ENCODERS: dict[type, Callable[[Any], Any]] = {
+    tuple: lambda value: _tagged("tuple", [_tree(item) for item in value]),
+    set: lambda value: _tagged("set", [_tree(item) for item in value]),
+    frozenset: lambda value: _tagged("frozenset", [_tree(item) for item in value]),
+    bytes: lambda value: _tagged("bytes", base64.b64encode(value).decode("ascii")),
+    bytearray: lambda value: _tagged("bytearray", base64.b64encode(value).decode("ascii")),
+    dt.datetime: lambda value: _tagged("datetime", _clock_tree(value)),
+    dt.date: lambda value: _tagged("date", value.isoformat()),
+    dt.time: lambda value: _tagged("time", _clock_tree(value)),
+    dt.timedelta: lambda value: _tagged("timedelta", [value.days, value.seconds, value.microseconds]),
+    decimal.Decimal: lambda value: _tagged("decimal", str(value)),
+    uuid.UUID: lambda value: _tagged("uuid", str(value)),
 }
 
 
+def _class_tree(value: Any) -> Any:
+    """Enum members, dataclasses and pydantic models: a type reference and their data."""
+    cls = type(value)
+    if isinstance(value, enum.Enum):
+        if isinstance(value, enum.Flag):  # a combination of flags may have no name of its own
+            return _tagged("flag", [*_type_ref(cls), _tree(value._value_)])
+        return _tagged("enum", [*_type_ref(cls), value._name_])
+    if dataclasses.is_dataclass(cls):
+        fields = {field.name: getattr(value, field.name) for field in dataclasses.fields(cls)}
+        return _tagged("dataclass", [*_type_ref(cls), _tree(fields)])
+    base_model = _pydantic_base_model()
+    if base_model is not None and isinstance(value, base_model):
+        return _tagged("model", [*_type_ref(cls), *_model_tree(value)])
+    raise _RefusedError(_type_name(cls))
+
+
+def _model_tree(model: Any) -> list[Any]:
+    """A model's field values as they are (nested models, dataclasses, tuples keep their
+    types), keyed as validation reads them; and its private attributes, if any.
+
+    Not ``model_dump``: it turns a dataclass or a model held in an ``Any`` field into a dict.
+    """
+    cls = type(model)
+    by_name = cls.model_config.get("validate_by_name") or cls.model_config.get("populate_by_name")
+    data = {}
+    for name, value in model:  # fields, then extra fields
+        field = cls.model_fields.get(name)
+        key = name
+        if field is not None and not by_name:
+            alias = field.validation_alias if field.validation_alias is not None else field.alias
+            if alias is not None and not isinstance(alias, str):  # AliasPath, AliasChoices
+                raise _RefusedError(f"{_type_name(cls)} (its field {name} has a path alias: allow validation by name)")
+            key = alias or name
+        data[key] = value
+    private = model.__pydantic_private__
+    return [_tree(data), _tree(dict(private))] if private else [_tree(data)]
+
+
+def _pydantic_base_model() -> type | None:
+    """pydantic's ``BaseModel`` if pydantic is imported (no model exists otherwise)."""
+    pydantic = sys.modules.get("pydantic")
+    base = getattr(pydantic, "BaseModel", None) if pydantic is not None else None
+    return base if isinstance(base, type) else None
+
+
+# Classes already checked to be found again by name. Weak: a class defined and
+# dropped at run time must not be kept alive by having been encoded once.
+_REFERENCES: weakref.WeakKeyDictionary[type, tuple[str, str]] = weakref.WeakKeyDictionary()
+
+
+def _type_ref(cls: type) -> tuple[str, str]:
+    """(module, qualified name) of a class that resolves back to itself, or refused."""
+    ref = _REFERENCES.get(cls)
+    if ref is None:
+        ref = (cls.__module__, cls.__qualname__)
+        if _resolve(*ref) is not cls:
+            raise _RefusedError(f"{_type_name(cls)} (a replay could not find it by name: define it at module level)")
+        _REFERENCES[cls] = ref
+    return ref
+
+
+def _resolve(module: str, qualname: str) -> Any:
+    """The object ``module.qualname`` names, looked up in namespaces only.
+
+    Only modules already in ``sys.modules``: never an import, and no ``__getattr__``
+    hook (which may import), since the names come from stored data.
+    """
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        if found is None:
+            return None
+        try:
+            namespace = vars(found)
+        except TypeError:
+            return None
+        found = namespace.get(part)
+    return found
+
+
+# --- decoding -------------------------------------------------------------------------
+
+
 def _decode_hook(obj: dict[str, Any]) -> Any:
-    tag = obj.get(_TAG)
-    if tag is None or len(obj) != 2 or "v" not in obj:
+    """json's ``object_hook``: objects are decoded innermost first, so payloads arrive decoded."""
+    if _TAG not in obj:
         return obj
-    return _DECODERS[tag](obj["v"])
+    tag = obj[_TAG]
+    decode = _DECODERS.get(tag) if type(tag) is str and len(obj) == 2 and "v" in obj else None
+    if decode is None:
+        raise ResultDecodingError("the recorded result holds a malformed tagged value")
+    try:
+        return decode(obj["v"])
+    except ResultDecodingError:
+        raise
+    except Exception as exc:  # the message may quote the data (fromisoformat, pydantic): type names only
+        reason = type(exc).__name__
+        raise ResultDecodingError(f"the recorded result holds a {tag} that does not decode ({reason})") from None
 
 
-def _escape_tag_keys(value: Any) -> Any:
-    """Wrap user dicts that happen to hold our tag key, so they cannot pass for a tag."""
-    if isinstance(value, dict):
-        items = [(k, _escape_tag_keys(v)) for k, v in value.items()]
-        if _TAG in value:
-            return _tagged("dict", [list(item) for item in items])
-        return dict(items)
-    if isinstance(value, (list, tuple)):
-        return [_escape_tag_keys(v) for v in value]
-    return value
+def _of(kind: type, payload: Any) -> Any:
+    if type(payload) is not kind:
+        found = type(payload).__name__
+        raise ResultDecodingError(f"the recorded result holds a {found} where a {kind.__name__} belongs")
+    return payload
+
+
+def _pairs(payload: Any) -> dict[Any, Any]:
+    result = {}
+    for pair in _of(list, payload):
+        key, value = _of(list, pair)
+        result[key] = value
+    return result
+
+
+def _clock(kind: type[dt.datetime] | type[dt.time], payload: Any) -> Any:
+    if type(payload) is str:
+        return kind.fromisoformat(payload)
+    naive, fold, zone = _of(list, payload)
+    return kind.fromisoformat(_of(str, naive)).replace(tzinfo=_zone(zone), fold=_of(int, fold))
+
+
+def _zone(payload: Any) -> dt.tzinfo | None:
+    if payload is None:
+        return None
+    kind, *rest = _of(list, payload)
+    if kind == "offset":
+        micros, name = rest
+        return dt.timezone(dt.timedelta(microseconds=_of(int, micros)), _of(str, name))
+    if kind == "zone":
+        (key,) = rest
+        return zoneinfo.ZoneInfo(_of(str, key))
+    raise ResultDecodingError("the recorded result holds an unknown kind of time zone")
+
+
+_NAME = re.compile(r"[\w.<>\[\], ]{1,200}")
+
+
+def _class(payload: Any, kind: str, accept: Callable[[type], bool]) -> tuple[Any, Any]:
+    """The class a type reference names, if it is loaded and of the expected kind; and the data."""
+    module, qualname, data = _of(list, payload)
+    found = _resolve(module, qualname) if type(module) is str and type(qualname) is str else None
+    if not (isinstance(found, type) and accept(found)):
+        name = f"{module}.{qualname}"
+        shown = name if _NAME.fullmatch(name) else "a class"
+        raise ResultDecodingError(
+            f"the recorded result names {shown} as its {kind} class, and no such {kind} class is loaded: "
+            "import the module that defines it before replaying"
+        )
+    return found, data
+
+
+def _enum(payload: Any) -> Any:
+    cls, name = _class(payload, "Enum", lambda cls: issubclass(cls, enum.Enum))
+    member = cls.__members__.get(_of(str, name))
+    if member is None:
+        raise ResultDecodingError(f"the recorded result names a member {_type_name(cls)} no longer has")
+    return member
+
+
+def _flag(payload: Any) -> Any:
+    cls, value = _class(payload, "Flag", lambda cls: issubclass(cls, enum.Flag))
+    return cls(value)
+
+
+def _dataclass(payload: Any) -> Any:
+    """A dataclass rebuilt field by field, without ``__init__``: the state it had, exactly."""
+    cls, data = _class(payload, "dataclass", dataclasses.is_dataclass)
+    _of(dict, data)
+    fields = dataclasses.fields(cls)
+    if not set(data) <= {field.name for field in fields}:
+        raise ResultDecodingError(f"the recorded {_type_name(cls)} has a field the class no longer has")
+    obj = cls.__new__(cls)
+    for field in fields:
+        if field.name in data:
+            value = data[field.name]
+        elif field.default is not dataclasses.MISSING:
+            value = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            value = field.default_factory()
+        else:
+            raise ResultDecodingError(f"the recorded {_type_name(cls)} lacks a field the class now requires")
+        object.__setattr__(obj, field.name, value)  # frozen dataclasses too
+    return obj
+
+
+def _model(payload: Any) -> Any:
+    """A model validated from its field values (a changed model fails here), then its private state."""
+    module, qualname, data, *private = _of(list, payload)
+    cls, _ = _class([module, qualname, None], "pydantic model", _is_model_class)
+    model = cls.model_validate(data)
+    if private:
+        model.__pydantic_private__.update(_of(dict, private[0]))
+    return model
+
+
+def _is_model_class(cls: type) -> bool:
+    base = _pydantic_base_model()
+    return base is not None and issubclass(cls, base)
+
+
+_DECODERS: dict[str, Callable[[Any], Any]] = {
+    "tuple": lambda payload: tuple(_of(list, payload)),
+    "set": lambda payload: set(_of(list, payload)),
+    "frozenset": lambda payload: frozenset(_of(list, payload)),
+    "dict": _pairs,
+    "bytes": lambda payload: base64.b64decode(_of(str, payload).encode("ascii"), validate=True),
+    "bytearray": lambda payload: bytearray(base64.b64decode(_of(str, payload).encode("ascii"), validate=True)),
+    "datetime": lambda payload: _clock(dt.datetime, payload),
+    "date": lambda payload: dt.date.fromisoformat(_of(str, payload)),
+    "time": lambda payload: _clock(dt.time, payload),
+    "timedelta": lambda payload: dt.timedelta(*(_of(int, part) for part in _of(list, payload))),
+    "decimal": lambda payload: decimal.Decimal(_of(str, payload)),
+    "uuid": lambda payload: uuid.UUID(_of(str, payload)),
+    "enum": _enum,
+    "flag": _flag,
+    "dataclass": _dataclass,
+    "model": _model,
+}
+
+
+def _unexpected(obj: Any) -> Any:
+    """json's ``default``: never reached, as ``_tree`` leaves only JSON types; a guard all the same."""
+    raise _RefusedError(_type_name(type(obj)))
 
 
 class JsonSerializer:
-    """The default serializer: compact JSON, ASCII-only so any store accepts it."""
+    """The default serializer: compact JSON, ASCII-only so any store accepts it.
 
-    _encode = staticmethod(
-        json_encoder(default=_encode_default, sort_keys=False, ensure_ascii=True, separators=(",", ":"))
-    )
+    ``dumps`` refuses (``ResultEncodingError``) any value ``loads`` would not give back
+    equal and of the same types at every level; ``loads`` raises ``ResultDecodingError``,
+    whose message names types only, for text it cannot rebuild a value from.
+    """
+
+    _encode = staticmethod(json_encoder(default=_unexpected, sort_keys=False, ensure_ascii=True, separators=(",", ":")))
 
     def dumps(self, value: Any, /) -> str:
         try:
-            text = self._encode(value)
-            # Rare path: the text holds our tag key. If the user's data put it there,
-            # escape those dicts; tags we wrote ourselves pass through unchanged.
-            if _TAG_MARK in text and _has_tag_key(value):
-                text = self._encode(_escape_tag_keys(value))
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise ResultEncodingError(f"cannot encode a result of type {exc}") from exc
-        return text
+            return self._encode(value if is_plain(value) else _tree(value))
+        except _RefusedError as exc:
+            raise ResultEncodingError(f"cannot record a result holding {exc}: a replay could not rebuild it") from None
+        except Exception as exc:  # e.g. circular data, an int too long for str(), a failing property
+            raise ResultEncodingError(f"cannot record this result ({type(exc).__name__})") from None
 
     def loads(self, text: str, /) -> Any:
-        if _TAG_MARK not in text:
-            return json.loads(text)
-        return json.loads(text, object_hook=_decode_hook)
-
-
-def _has_tag_key(value: Any) -> bool:
-    if isinstance(value, dict):
-        return _TAG in value or any(_has_tag_key(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_tag_key(v) for v in value)
-    return False
+        try:
+            if _TAG_MARK not in text:
+                return json.loads(text)
+            return json.loads(text, object_hook=_decode_hook)
+        except ResultDecodingError:
+            raise
+        except Exception as exc:
+            raise ResultDecodingError(f"the recorded result is not valid JSON ({type(exc).__name__})") from None
 
 
 # --- turning decoded data back into the annotated return type ---------------------
+#
+# A value recorded by this codec decodes to its own types already; the revivers
+# below rebuild what older records stored untyped (a tuple as a list, a dataclass
+# or model as a dict, an Enum member as its value) and leave typed values alone.
 
 Reviver = Callable[[Any], Any]
 _PLAIN = frozenset({str, int, float, bool, type(None), dict, list, object})
@@ -160,21 +420,36 @@ def reviver_for(annotation: Any) -> Reviver | None:
     if origin is tuple and args:
         if len(args) == 2 and args[1] is Ellipsis:
             each = reviver_for(args[0])
-            return lambda data: tuple(each(v) for v in data) if each else tuple(data)
+            return lambda data: _rebuilt(data, tuple, each)
         positional = [reviver_for(a) for a in args]
-        return lambda data: tuple(r(v) if r else v for r, v in zip(positional, data, strict=False))
+
+        def revive_tuple(data: Any) -> Any:
+            if not isinstance(data, (list, tuple)):
+                return data
+            return tuple(r(v) if r else v for r, v in zip(positional, data, strict=False))
+
+        return revive_tuple
     if origin in (list, set, frozenset) and args:
         item = reviver_for(args[0])
         container: Callable[[Any], Any] = origin
         if item is None and origin is list:
             return None
-        return lambda data: container(item(v) for v in data) if item else container(data)
+        return lambda data: _rebuilt(data, container, item)
     if origin is dict and len(args) == 2:
         value_reviver = reviver_for(args[1])
         if value_reviver is None:
             return None
         return lambda data: {k: value_reviver(v) for k, v in data.items()} if isinstance(data, dict) else data
     return None
+
+
+def _rebuilt(data: Any, container: Callable[[Any], Any], item: Reviver | None) -> Any:
+    """A list (an older record's tuple or set) as ``container``; a typed container kept as its type."""
+    if isinstance(data, list):
+        return container(item(v) for v in data) if item else container(data)
+    if isinstance(data, (tuple, set, frozenset)) and item is not None:
+        return type(data)(item(v) for v in data)
+    return data
 
 
 def _dataclass_reviver(cls: type) -> Reviver:

@@ -12,14 +12,17 @@ import itertools
 import os
 import socket
 import uuid
+import zoneinfo
 from collections.abc import Mapping
 from typing import Any
 
 from ._errors import ArgumentDigestError
-from ._json import json_encoder
+from ._json import JSON_SCALARS, is_plain, json_encoder
 
 # Canonical JSON: sorted keys, no whitespace, unicode kept as is. Equal data gives
-# equal bytes in every process, whatever the hash seed.
+# equal bytes in every process, whatever the hash seed. Call keys and idempotency
+# keys are built with it: their values must never change, or stored records and
+# keys handed to providers would no longer match.
 _canonical = json_encoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=lambda o: _canonical_default(o)
 )
@@ -52,6 +55,122 @@ def _canonical_default(obj: Any) -> Any:
     raise TypeError(type(obj).__qualname__)
 
 
+# --- argument digests: an injective canonical form -----------------------------------
+#
+# Two argument mappings digest alike exactly when they are equal as typed data. Plain
+# JSON data of exact types (the common case) is sorted-key JSON, which is injective
+# on that domain (and the same text as before this form existed, so those digests did
+# not change). Anything else is a tree in which every JSON array is a tagged node
+# (["list", ...], ["date", "2026-01-01"], ...) and every JSON object a dict with
+# ``str`` keys, behind a prefix no JSON object starts with: the two forms cannot meet.
+
+_TAGGED_FORM = "~"
+
+
+def _unexpected(obj: Any) -> Any:
+    raise TypeError(f"{type(obj).__module__}.{type(obj).__qualname__}")
+
+
+_sorted_json = json_encoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_unexpected)
+
+
+def _args_text(arguments: Mapping[str, Any]) -> str:
+    """The canonical text of an argument mapping: equal texts exactly for equal typed data."""
+    if type(arguments) is dict and is_plain(arguments):
+        return _sorted_json(arguments)  # starts with "{"
+    return _TAGGED_FORM + _sorted_json(_canonical_tree(dict(arguments)))
+
+
+def _sorted_nodes(items: Any) -> list[Any]:
+    """Nodes in the order of their canonical text: a deterministic order for sets and mixed keys."""
+    return [node for _, node in sorted((_sorted_json(node), node) for node in items)]
+
+
+def _type_path(obj: Any) -> list[str]:
+    return [type(obj).__module__, type(obj).__qualname__]
+
+
+def _canonical_tree(value: Any) -> Any:
+    """``value`` as JSON data in which every array is a tagged node: an injective image."""
+    kind = type(value)
+    if kind in JSON_SCALARS:
+        return value
+    if kind is dict:
+        if all(type(key) is str for key in value):
+            return {key: _canonical_tree(item) for key, item in value.items()}
+        pairs = [[_canonical_tree(key), _canonical_tree(item)] for key, item in value.items()]
+        return ["dict", *_sorted_nodes(pairs)]
+    if kind is list or kind is tuple:
+        return [kind.__name__, *(_canonical_tree(item) for item in value)]
+    if kind is set or kind is frozenset:
+        return [kind.__name__, *_sorted_nodes(_canonical_tree(item) for item in value)]
+    if kind is bytes or kind is bytearray or kind is memoryview:
+        return [kind.__name__, bytes(value).hex()]
+    if kind is dt.datetime or kind is dt.time:
+        naive = value.replace(tzinfo=None, fold=0).isoformat()
+        return [kind.__name__, naive, value.fold, _zone_node(value)]
+    if kind is dt.date:
+        return ["date", value.isoformat()]
+    if kind is dt.timedelta:
+        return ["timedelta", value.days, value.seconds, value.microseconds]
+    if kind is decimal.Decimal:
+        return ["decimal", str(value)]  # the exact digits and exponent: 1.0 and 1.00 are different data
+    if kind is uuid.UUID:
+        return ["uuid", value.hex]
+    return _class_node(value)
+
+
+def _zone_node(value: dt.datetime | dt.time) -> Any:
+    zone = value.tzinfo
+    if zone is None:
+        return None
+    if type(zone) is dt.timezone:
+        return ["offset", zone.utcoffset(None) // _MICROSECOND, zone.tzname(None)]
+    key = getattr(zone, "key", None)
+    if type(zone) is zoneinfo.ZoneInfo and key is not None:
+        return ["zone", key]
+    # Another kind of zone: what it says about this moment, which is all that is portable.
+    probe = value if isinstance(value, dt.datetime) else None
+    offset = zone.utcoffset(probe)
+    micros = None if offset is None else offset // _MICROSECOND
+    return ["tzinfo", *_type_path(zone), micros, zone.tzname(probe)]
+
+
+_MICROSECOND = dt.timedelta(microseconds=1)
+
+
+def _class_node(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        if isinstance(value, enum.Flag):  # a combination of flags may have no name
+            return ["flag", *_type_path(value), _canonical_tree(value._value_)]
+        return ["enum", *_type_path(value), value._name_]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
+        return ["dataclass", *_type_path(value), _canonical_tree(fields)]
+    if callable(getattr(value, "model_dump", None)) and not isinstance(value, type):  # a pydantic model
+        # Its fields and extra fields as they are: model_dump would turn a dataclass in an Any field into a dict.
+        return ["model", *_type_path(value), _canonical_tree(dict(value))]
+    for base in _BUILTIN_BASES:
+        if isinstance(value, base):  # a subclass of a builtin (a named tuple, an OrderedDict...): its type and data
+            return ["instance", *_type_path(value), _canonical_tree(_BUILTIN_BASES[base](value))]
+    raise TypeError(f"{type(value).__module__}.{type(value).__qualname__}")
+
+
+# The exact builtin value of an instance of a subclass, read without its overrides.
+_BUILTIN_BASES: dict[type, Any] = {
+    bool: bool,
+    int: int.__int__,
+    float: float.__float__,
+    str: str.__str__,
+    bytes: bytes,
+    dict: dict,
+    list: list,
+    tuple: tuple,
+    set: set,
+    frozenset: frozenset,
+}
+
+
 def _sha256(text: str) -> str:
     # surrogatepass: a lone surrogate in an id or argument must digest, not crash.
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -60,7 +179,7 @@ def _sha256(text: str) -> str:
 def args_digest(arguments: Mapping[str, Any], *, tool_name: str) -> str:
     """The digest of a call's arguments, bound by name; stable across processes."""
     try:
-        return _sha256(_canonical(arguments))
+        return _sha256(_args_text(arguments))
     except (TypeError, ValueError, RecursionError) as exc:
         name = _offending_argument(arguments)
         raise ArgumentDigestError(
@@ -73,7 +192,7 @@ def args_digest(arguments: Mapping[str, Any], *, tool_name: str) -> str:
 def _offending_argument(arguments: Mapping[str, Any]) -> str:
     for name, value in arguments.items():
         try:
-            _canonical(value)
+            _sorted_json(_canonical_tree(value))
         except (TypeError, ValueError, RecursionError):
             return name
     return "?"  # pragma: no cover - only reached when the mapping itself cannot encode

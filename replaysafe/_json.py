@@ -1,4 +1,4 @@
-"""One fast JSON encoder factory for the hot path (argument digests and results)."""
+"""Fast JSON for the hot path (argument digests and results): an encoder factory and a plain-data test."""
 
 from __future__ import annotations
 
@@ -31,3 +31,34 @@ def json_encoder(
         return "".join(encode(value, 0))
 
     return encoded
+
+
+#: The key that marks the result codec's tagged objects.
+TAG_KEY = "__replaysafe__"
+JSON_SCALARS: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+
+
+def is_plain(value: Any, _scalars: frozenset[type] = JSON_SCALARS, _tag: str = TAG_KEY) -> bool:
+    """Whether ``value`` is JSON data of exact types, which json writes and reads back unchanged.
+
+    Dicts with ``str`` keys (none of them ``TAG_KEY``), lists, ``str``, ``int``, ``float``,
+    ``bool`` and ``None``; not their subclasses (an ``IntEnum`` is written as a bare
+    ``int``), nor tuples (written as lists). The fast paths' test: it costs less than
+    the encoding (the defaults bind constants as locals, the cheapest lookup here).
+    """
+    kind = type(value)
+    if kind in _scalars:
+        return True
+    if kind is dict:
+        if _tag in value:
+            return False
+        for key, item in value.items():
+            if type(key) is not str or (type(item) not in _scalars and not is_plain(item)):
+                return False
+        return True
+    if kind is list:
+        for item in value:  # noqa: SIM110 - a loop is faster than all() over a generator
+            if type(item) not in _scalars and not is_plain(item):
+                return False
+        return True
+    return False

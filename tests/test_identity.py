@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import hashlib
 import json
 import os
 import re
@@ -19,8 +20,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replaysafe import _identity, idempotency_key
+from replaysafe import JsonSerializer, _identity, idempotency_key
 from replaysafe._identity import args_digest, key_digest, owner_alive, owner_token
+
+from . import result_domain
+from .result_domain import TAG, shape
 
 # JSON-like data with string keys: the domain the digest promises to be exact on.
 scalars = st.one_of(
@@ -72,6 +76,88 @@ def test_digest_tells_types_apart() -> None:
     assert len(digests) == len(values)
 
 
+def test_plain_arguments_digest_as_before() -> None:
+    """Plain JSON arguments keep the digest earlier versions stored: sha256 of sorted-key JSON."""
+    args = {"order_id": "1042", "amount": 59.5, "lines": [{"sku": "é", "qty": 2}], "note": None, "rush": False}
+    text = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert args_digest(args, tool_name="t") == hashlib.sha256(text.encode()).hexdigest()
+
+
+LOOKALIKES = [
+    (dt.date(2026, 1, 1), {TAG: "date", "v": "2026-01-01"}),  # a date and the codec's tagged form of it
+    (dt.date(2026, 1, 1), ["$date", "2026-01-01"]),  # and the previous digest's tagged form
+    ({1: "a"}, {"1": "a"}),
+    ({True: "a"}, {1: "a"}),
+    ({None: "a"}, {"null": "a"}),
+    (b"\x00", {TAG: "bytes", "v": "AA=="}),
+    (b"\x00", ["$bytes", "AA=="]),
+    (b"\x00", bytearray(b"\x00")),
+    ((1, 2), [1, 2]),
+    ({1, 2}, frozenset({1, 2})),
+    ({1, 2}, ["set", 1, 2]),
+    ([1, 2], ["list", 1, 2]),
+    (result_domain.Level.LOW, 1),
+    (result_domain.Mode.READ, "read"),
+    (decimal.Decimal("1.0"), decimal.Decimal("1.00")),
+    (0.0, -0.0),
+    (result_domain.Point(1, 2), {"x": 1, "y": 2}),
+    (
+        dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+        dt.datetime(2026, 1, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=1))),
+    ),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), LOOKALIKES, ids=repr)
+def test_lookalike_arguments_digest_apart(a: Any, b: Any) -> None:
+    """Arguments that collided (a value and its tagged form, keys of other types) now differ."""
+    assert args_digest({"x": a}, tool_name="t") != args_digest({"x": b}, tool_name="t")
+
+
+domain_arguments = st.dictionaries(st.text(min_size=1, max_size=8), result_domain.values, max_size=3)
+
+
+def _lookalike(args: dict[str, Any]) -> dict[str, Any]:
+    """What the codec stores for ``args``, read back as plain JSON: the forms most likely to collide."""
+    return {name: json.loads(JsonSerializer().dumps(value)) for name, value in args.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(domain_arguments, domain_arguments, st.sampled_from(["independent", "equal", "lookalike"]))
+def test_digests_are_equal_exactly_for_equal_arguments(a: dict[str, Any], b: dict[str, Any], relation: str) -> None:
+    """Over the whole result domain: digests are equal iff the arguments are equal with exact types."""
+    if relation == "equal":
+        b = JsonSerializer().loads(JsonSerializer().dumps(a))  # an equal copy, made anew
+    elif relation == "lookalike":
+        b = _lookalike(a)
+    same = shape(a) == shape(b)
+    assert (args_digest(a, tool_name="t") == args_digest(b, tool_name="t")) == same
+    if relation == "equal":
+        assert same
+
+
+@settings(max_examples=5, deadline=None)
+@given(domain_arguments)
+def test_domain_digest_is_stable_across_processes(args: dict[str, Any]) -> None:
+    """Another interpreter with another hash seed (another set order) computes the same digest."""
+    code = (
+        "import sys; import tests.result_domain; from replaysafe import JsonSerializer; "
+        "from replaysafe._identity import args_digest; "
+        "print(args_digest(JsonSerializer().loads(sys.stdin.read()), tool_name='t'))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input=JsonSerializer().dumps(args),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        timeout=60,
+    ).stdout.strip()
+    assert out == args_digest(args, tool_name="t")
+
+
 @settings(max_examples=5, deadline=None)
 @given(arguments)
 def test_digest_is_stable_across_processes(args: dict[str, Any]) -> None:
@@ -96,7 +182,7 @@ def _encode(value: Any) -> Any:
     if isinstance(value, list):
         return {"l": [_encode(v) for v in value]}
     if isinstance(value, dt.datetime):
-        return {"dt": value.isoformat()}
+        return {"dt": [value.isoformat(), value.fold]}
     if isinstance(value, decimal.Decimal):
         return {"dec": str(value)}
     if isinstance(value, uuid.UUID):
@@ -113,7 +199,7 @@ def _decode(value: dict[str, Any]) -> Any:
     return {
         "d": lambda v: {k: _decode(x) for k, x in v.items()},
         "l": lambda v: [_decode(x) for x in v],
-        "dt": dt.datetime.fromisoformat,
+        "dt": lambda v: dt.datetime.fromisoformat(v[0]).replace(fold=v[1]),
         "dec": decimal.Decimal,
         "uuid": uuid.UUID,
         "b": bytes.fromhex,

@@ -1,13 +1,24 @@
-"""Round trips to the server per protected call: a miss costs 2, a replay (hit) costs 1.
+"""Round trips: of values through every ledger, and to the server per protected call.
 
-PostgreSQL round trips are counted on the wire by a proxy (every round trip ends
-with a ``Sync`` or is one ``Query`` message), so a hidden ``BEGIN``, ``COMMIT`` or
-ping would show. Redis round trips are counted by a connection class that counts
-what it sends (a pipeline is sent at once).
+Values: a result replays from each ledger (memory, SQLite, PostgreSQL, Redis) equal to
+what the first call returned, with the same types at every level and no annotation,
+in the same process and in a new one; the cases below once came back wrong or not at all.
+
+Server round trips: a miss costs 2, a replay (hit) costs 1. PostgreSQL round trips are
+counted on the wire by a proxy (every round trip ends with a ``Sync`` or is one
+``Query`` message), so a hidden ``BEGIN``, ``COMMIT`` or ping would show. Redis round
+trips are counted by a connection class that counts what it sends (a pipeline is sent
+at once).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import subprocess
+import sys
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -17,9 +28,121 @@ import pytest
 import redis
 import redis.asyncio
 
+import replaysafe
 from replaysafe import PostgresLedger, RedisLedger, replay_safe, tool_call
+from replaysafe.ledgers import Ledger
 
+from ..result_domain import TAG, Receipt, assert_exact
 from ..servers import PostgresWireCounter, libpq_url, with_query
+
+
+class Stage(enum.Enum):
+    DRAFT = "draft"
+    SENT = 2
+
+
+class Priority(enum.IntEnum):
+    HIGH = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Invite:
+    email: str
+    n: int
+
+
+def reproduced() -> list[Any]:
+    """Results that came back wrong, or not at all (so the tool ran again), before."""
+    return [
+        {("ana@example.com", 1), ("bo@example.com", 2)},  # a set of tuples: 1 -> 2 -> 3 invitations sent
+        frozenset({("x", 1), ("y", (2, 3))}),
+        {TAG: "bytes", "v": "AA=="},  # user data shaped like a tag replayed as bytes
+        {"data": {TAG: "datetime", "v": "not a tag, just data"}},
+        {TAG: "set", "v": [[1, 2]]},
+        {1: "a"},  # came back as {"1": "a"}
+        {True: 1, None: 2},  # came back as {"true": 1, "null": 2}
+        {1: "int", "1": "str"},  # came back as one key
+        {(1, "a"): [1.5, -0.0], 2.5: None},
+        Stage.SENT,  # came back as its value
+        Priority.HIGH,
+        (1, 2),  # came back as a list
+        ("content", {"artifact": [1, 2]}),  # LangChain content_and_artifact
+        {Invite("a@example.com", 1)},
+        [Invite("b@example.com", 2), b"\x00", bytearray(b"\x01")],
+        Receipt(id=uuid.UUID(int=9), total=decimal.Decimal("59.00"), tags=("refund",), payload={1: (2,)}),
+        dt.datetime(2026, 10, 25, 2, 30, fold=1, tzinfo=__import__("zoneinfo").ZoneInfo("Europe/Paris")),
+        dt.timedelta(days=1, microseconds=1),
+        decimal.Decimal("NaN"),
+        [float("nan"), float("-inf")],
+    ]
+
+
+def _invite_tool(ledger: Ledger, runs: list[int], value: Any) -> Any:
+    @replay_safe(ledger=ledger)
+    def send_invites():  # type: ignore[no-untyped-def] # no annotation: the record alone says the types
+        runs.append(1)
+        return value
+
+    return send_invites
+
+
+def _async_invite_tool(ledger: Ledger, runs: list[int], value: Any) -> Any:
+    @replay_safe(ledger=ledger)
+    async def send_invites():  # type: ignore[no-untyped-def]
+        runs.append(1)
+        return value
+
+    return send_invites
+
+
+def test_reproduced_results_replay_exactly_on_every_ledger(ledger: Ledger) -> None:
+    """Each reproduced case replays exactly from this ledger, and the tool runs once."""
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    for n, value in enumerate(reproduced()):
+        runs: list[int] = []
+        tool = _invite_tool(ledger, runs, value)
+        with tool_call(thread, f"m{n}", "c"):
+            assert tool() is value
+        with tool_call(thread, f"m{n}", "c"):
+            replayed = tool()
+        assert runs == [1], f"case {n} ran again"
+        assert_exact(replayed, value)
+
+
+async def test_reproduced_results_replay_exactly_on_every_ledger_async(ledger: Ledger) -> None:
+    """The same through an async tool."""
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    for n, value in enumerate(reproduced()):
+        runs: list[int] = []
+        send_invites = _async_invite_tool(ledger, runs, value)
+        async with tool_call(thread, f"m{n}", "c"):
+            assert await send_invites() is value
+        async with tool_call(thread, f"m{n}", "c"):
+            replayed = await send_invites()
+        assert runs == [1], f"case {n} ran again"
+        assert_exact(replayed, value)
+
+
+def record_reproduced(url: str, thread: str) -> None:
+    """Run in another process: record every reproduced case, then exit."""
+    with replaysafe.open_ledger(url) as ledger:
+        for n, value in enumerate(reproduced()):
+            with tool_call(thread, f"m{n}", "c"):
+                _invite_tool(ledger, [], value)()
+
+
+def test_reproduced_results_replay_exactly_in_a_new_process(durable_ledger_url: str) -> None:
+    """Recorded by one process, replayed by another: classes are found again by name."""
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    code = "import sys; from tests.ledgers.test_roundtrips import record_reproduced; record_reproduced(*sys.argv[1:])"
+    subprocess.run([sys.executable, "-c", code, durable_ledger_url, thread], check=True, timeout=120)
+    with replaysafe.open_ledger(durable_ledger_url) as ledger:
+        for n, value in enumerate(reproduced()):
+            runs: list[int] = []
+            with tool_call(thread, f"m{n}", "c"):
+                replayed = _invite_tool(ledger, runs, value)()
+            assert runs == [], f"case {n} ran again"
+            assert_exact(replayed, value)
 
 
 @pytest.fixture
