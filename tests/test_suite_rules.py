@@ -84,7 +84,14 @@ def test_a_hanging_test_fails_instead_of_hanging(tmp_path: Path) -> None:
     hanging = tmp_path / "test_hangs.py"
     hanging.write_text("import threading\n\ndef test_never_returns():\n    threading.Event().wait()\n")
     done = run_pytest(
-        "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), "-o", "timeout=2", str(hanging), env=without_ci()
+        "-c",
+        str(ROOT / "pyproject.toml"),
+        "--rootdir",
+        str(tmp_path),
+        "-o",
+        "timeout=2",
+        str(hanging),
+        env=without_ci(),
     )
     assert done.returncode != 0
     assert " Timeout " in done.stdout, done.stdout
