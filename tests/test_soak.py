@@ -58,21 +58,27 @@ def test_soak_with_random_kills(soak_url: str, tmp_path: Path) -> None:
     killed_pids: set[int] = set()
     kills = 0
     deadline = time.monotonic() + DEADLINE
-    while any(p.poll() is None for p in workers.values()):
-        assert time.monotonic() < deadline, f"the soak did not finish in {DEADLINE:.0f} s"
-        time.sleep(0.3)
-        running = [i for i, p in workers.items() if p.poll() is None]
-        if kills < KILLS and running and rng.random() < 0.5:
-            victim = rng.choice(running)
-            workers[victim].send_signal(signal.SIGKILL)
-            workers[victim].wait()
-            workers[victim].stderr.close()  # type: ignore[union-attr]
-            killed_pids.add(workers[victim].pid)
-            kills += 1
-            workers[victim] = start(victim, kills)
-    for process in workers.values():
-        _, err = process.communicate()
-        assert process.returncode == 0, err.decode()
+    try:
+        while any(p.poll() is None for p in workers.values()):
+            assert time.monotonic() < deadline, f"the soak did not finish in {DEADLINE:.0f} s"
+            time.sleep(0.3)
+            running = [i for i, p in workers.items() if p.poll() is None]
+            if kills < KILLS and running and rng.random() < 0.5:
+                victim = rng.choice(running)
+                workers[victim].send_signal(signal.SIGKILL)
+                workers[victim].wait()
+                workers[victim].stderr.close()  # type: ignore[union-attr]
+                killed_pids.add(workers[victim].pid)
+                kills += 1
+                workers[victim] = start(victim, kills)
+        for process in workers.values():
+            _, err = process.communicate()
+            assert process.returncode == 0, err.decode()
+    finally:
+        for process in workers.values():  # a failed soak leaves no worker behind
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
     assert kills > 0
 
     executions: defaultdict[int, Counter[int]] = defaultdict(Counter)
