@@ -5,9 +5,11 @@ print its result as JSON, and SIGKILL itself at POINT (``inside-tool``: after th
 side effect, before returning; ``after-record``: after the protected call returned,
 so its record is written; ``none``: exit normally).
 
-``race LEDGER_URL EFFECTS THREAD KEYS THREADS START``: THREADS threads each call
-``refund_order`` for KEYS keys, all starting at the wall-clock time START; print
-every result as JSON.
+``race LEDGER_URL EFFECTS THREAD KEYS THREADS``: print ``ready``, wait for a line on
+stdin (the parent's go, once every racer is ready), then THREADS threads each call
+``refund_order`` for KEYS keys at once; print every result, and how many claims found
+a call running under another owner (waits), as JSON. The owner of key 0 holds it until
+a waiter of this process has found it running, so each race has at least one wait.
 
 ``matrix LEDGER_URL EFFECTS THREAD POINT``: call ``refund_order`` (whose side effect
 is a line ``<idempotency key> <attempt>`` in EFFECTS) and SIGKILL itself at POINT:
@@ -32,6 +34,8 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+
+from waiting import SeesWaiting  # tests/, this script's own directory
 
 from replaysafe import current_call, open_ledger, replay_safe, tool_call
 
@@ -63,29 +67,35 @@ def crash(url: str, effects: str, thread: str, point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def race(url: str, effects: str, thread: str, keys: int, threads: int, start: float) -> None:
-    ledger = open_ledger(url)
+def race(url: str, effects: str, thread: str, keys: int, threads: int) -> None:
+    observed = SeesWaiting(open_ledger(url))
 
-    @replay_safe(ledger=ledger, wait_timeout=120)
+    @replay_safe(ledger=observed, wait_timeout=120)
     def refund_order(order_id: str) -> str:
         append(effects, order_id)
+        if order_id == "0":
+            # The other threads of this process race for key 0 too: one of them finds it running.
+            observed.waited.wait(60)
         time.sleep(0.01)  # hold the claim a moment so that others find it running
         return f"{order_id} by {os.getpid()}/{threading.get_ident()}"
 
     results: list[list[str]] = [[] for _ in range(threads)]
+    start = threading.Barrier(threads)
 
     def worker(n: int) -> None:
+        start.wait()
         for key in range(keys):
             with tool_call(thread, f"msg_{key}", "call_1"):
                 results[n].append(refund_order(str(key)))
 
-    time.sleep(max(0.0, start - time.time()))
+    print("ready", flush=True)
+    sys.stdin.readline()
     workers = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
-    print(json.dumps(results), flush=True)
+    print(json.dumps({"results": results, "waits": observed.waits}), flush=True)
 
 
 class KillBeforeRecord:
@@ -170,5 +180,5 @@ if __name__ == "__main__":
     elif command == "stream":
         stream_and_die(*argv)
     else:
-        url, effects, thread, keys, threads, start = argv
-        race(url, effects, thread, int(keys), int(threads), float(start))
+        url, effects, thread, keys, threads = argv
+        race(url, effects, thread, int(keys), int(threads))

@@ -2,8 +2,8 @@
 
 It calls the protected ``charge(n)`` for its share of KEYS keys (n = INDEX, INDEX +
 WORKERS, ...), and after about one call in twenty replays an earlier key. The tool
-appends ``n attempt pid`` to the AUDIT log before returning. Every 200 calls the
-worker appends ``pid calls rss_bytes`` to RSS. A worker SIGKILLed and started again
+appends ``n attempt pid`` to the AUDIT log before returning. Every RSS_EVERY calls
+the worker appends ``pid calls rss_bytes`` to RSS. A worker SIGKILLed and started again
 goes through its keys from the start: finished ones replay.
 """
 
@@ -14,6 +14,9 @@ import random
 import sys
 
 from replaysafe import current_call, open_ledger, replay_safe, tool_call
+
+#: Calls between two memory samples: often enough that a short run gives the soak a growth rate per call.
+RSS_EVERY = 50
 
 
 def rss_bytes() -> int:
@@ -52,7 +55,7 @@ def main(url: str, audit: str, rss: str, index: int, workers: int, keys: int, se
             if result != f"charged {target}":
                 raise SystemExit(f"key {target} replayed {result!r}")
             calls += 1
-            if calls % 200 == 0:
+            if calls % RSS_EVERY == 0:
                 append(rss, f"{os.getpid()} {calls} {rss_bytes()}")
 
 

@@ -6,7 +6,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -52,21 +51,32 @@ def test_processes_and_threads_race_on_one_key(durable_ledger_url: str, tmp_path
     effects = tmp_path / "effects.log"
     thread = f"t-{uuid.uuid4().hex[:8]}"
     keys, processes, threads = 5, 4, 4
-    start = str(time.time() + 2.0)
     children = [
         subprocess.Popen(
-            [sys.executable, CHILD, "race", durable_ledger_url, str(effects), thread, str(keys), str(threads), start],
+            [sys.executable, CHILD, "race", durable_ledger_url, str(effects), thread, str(keys), str(threads)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for _ in range(processes)
     ]
-    outputs = [child.communicate(timeout=300) for child in children]
+    try:
+        # Every racer is up, its ledger open, before any starts: the race is not one process after another.
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline() == "ready\n", child.stderr.read() if child.stderr else ""
+        outputs = [child.communicate("go\n", timeout=240) for child in children]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
     for child, (_, err) in zip(children, outputs, strict=True):
         assert child.returncode == 0, err
-    results = [json.loads(out) for out, _ in outputs]
+    reports = [json.loads(out) for out, _ in outputs]
     for key in range(keys):
-        seen = {per_thread[key] for per_process in results for per_thread in per_process}
+        seen = {per_thread[key] for report in reports for per_thread in report["results"]}
         assert len(seen) == 1, f"key {key} gave {seen}"
     assert sorted(effects_of(effects)) == sorted(str(k) for k in range(keys))
+    # Some caller found a key running under another owner and waited: the race really happened.
+    assert sum(report["waits"] for report in reports) >= 1

@@ -3,20 +3,35 @@
 For every durable backend, each kill point and each in-doubt policy, it counts how
 often the tool's side effect ran, how many refunds a provider that dedupes by
 idempotency key made, and what the resumed caller saw. The table it builds is
-docs/crash-matrix.md, the published guarantee: the test fails if they differ.
-Regenerate the doc with ``REPLAYSAFE_WRITE_DOCS=1 pytest tests/test_crash_matrix.py``.
+docs/crash-matrix.md, the published guarantee: the test compares what it measures with
+the committed doc, fails if they differ, and never writes the doc. After a deliberate change
+of behaviour, regenerate it with a separate command (a temporary SQLite ledger by default,
+or the durable ledger URLs given, which must all agree), review the diff, and commit it:
+
+    .venv/bin/python -m tests.test_crash_matrix [LEDGER_URL ...]
 """
 
 from __future__ import annotations
 
-import os
+import difflib
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
-from replaysafe import RERUN, CallInDoubtError, CallInfo, CallKey, Ledger, current_call, replay_safe, tool_call
+from replaysafe import (
+    RERUN,
+    CallInDoubtError,
+    CallInfo,
+    CallKey,
+    Ledger,
+    current_call,
+    open_ledger,
+    replay_safe,
+    tool_call,
+)
 
 CHILD = str(Path(__file__).with_name("child.py"))
 DOC = Path(__file__).parents[1] / "docs" / "crash-matrix.md"
@@ -95,12 +110,12 @@ def render(rows: list[str]) -> str:
     )
 
 
-def test_crash_matrix(durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path) -> None:
-    """Every kill point x every policy, on this backend, matches docs/crash-matrix.md."""
+def measure(ledger: Ledger, url: str, tmp: Path) -> str:
+    """Run every kill point x every policy on this ledger; the doc's text for what was seen."""
     rows = []
     for point in POINTS:
         for policy in POLICIES:
-            ran, refunds, saw = scenario(durable_ledger, durable_ledger_url, tmp_path, point, policy)
+            ran, refunds, saw = scenario(ledger, url, tmp, point, policy)
             # The invariants, whatever the doc says: a provider that dedupes by the call's
             # key refunds at most once; "raise" never runs an in-doubt call again; a
             # recorded call is never run again.
@@ -110,7 +125,35 @@ def test_crash_matrix(durable_ledger: Ledger, durable_ledger_url: str, tmp_path:
             if point == "after-record":
                 assert (ran, saw) == (1, "the recorded result"), policy
             rows.append(f"| {POINTS[point]} | {policy} | {ran} | {refunds} | {saw} |")
-    table = render(rows)
-    if os.environ.get("REPLAYSAFE_WRITE_DOCS"):
-        DOC.write_text(table)
-    assert table == DOC.read_text(), f"the crash matrix changed:\n{table}"
+    return render(rows)
+
+
+def test_crash_matrix(durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path) -> None:
+    """Every kill point x every policy, on this backend, matches the committed docs/crash-matrix.md."""
+    committed = DOC.read_text()
+    measured = measure(durable_ledger, durable_ledger_url, tmp_path)
+    drift = "".join(
+        difflib.unified_diff(
+            committed.splitlines(keepends=True), measured.splitlines(keepends=True), str(DOC), "measured now"
+        )
+    )
+    assert measured == committed, f"the crash matrix drifted from {DOC.name}; if intended, regenerate it:\n{drift}"
+
+
+def main(urls: list[str]) -> None:
+    """Measure the matrix on each ledger URL (a temporary SQLite file by default) and write the doc."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tables = {}
+        for n, url in enumerate(urls or [f"sqlite:///{Path(tmp) / 'ledger.db'}"]):
+            effects = Path(tmp) / str(n)  # each ledger's side effects apart
+            effects.mkdir()
+            with open_ledger(url) as ledger:
+                tables[url] = measure(ledger, url, effects)
+    if len(set(tables.values())) != 1:
+        raise SystemExit("the ledgers disagree, so nothing was written: run the test to see each one's table")
+    DOC.write_text(next(iter(tables.values())))
+    print(f"wrote {DOC}; review the diff before committing it")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,19 +101,34 @@ def test_failed_record_write_raises_with_the_result_when_fail_closed(tmp_path: P
 
 
 def test_transient_lock_is_retried(tmp_path: Path) -> None:
-    """A database locked by another writer for a moment is retried, then the call is recorded."""
+    """A database locked by another writer is retried, then the call is recorded."""
     ledger = SqliteLedger(tmp_path / "l.db", busy_timeout=0.01, retry=RetryPolicy(attempts=50, max_seconds=10))
     ledger.get(CallKey(*IDS))  # creates the file and table
     blocker = sqlite3.connect(ledger.path, isolation_level=None, check_same_thread=False)
     blocker.execute("BEGIN IMMEDIATE")  # hold the write lock
-    threading.Timer(0.2, blocker.rollback).start()
+    locked_out: list[str] = []
 
-    @replay_safe(ledger=ledger)
+    class UnlockedAfterALockedClaim:
+        """The real ledger; the writer lets go only once a claim has failed on its lock, so a retry is certain."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(ledger, name)
+
+        def claim(self, key: CallKey, **kwargs: Any) -> Any:
+            try:
+                return ledger.claim(key, **kwargs)
+            except ledger.transient_errors as exc:
+                locked_out.append(type(exc).__name__)
+                blocker.rollback()
+                raise
+
+    @replay_safe(ledger=UnlockedAfterALockedClaim())
     def tool() -> str:
         return "ran"
 
     with tool_call(*IDS):
         assert tool() == "ran"
+    assert len(locked_out) == 1
     record = ledger.get(CallKey(*IDS))
     assert record is not None
     assert record.result == '"ran"'

@@ -10,7 +10,6 @@ import datetime as dt
 import decimal
 import logging
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -32,6 +31,8 @@ from replaysafe import (
     replay_safe,
     tool_call,
 )
+
+from .waiting import SeesWaiting
 
 
 def new_ids(message: str = "msg_1", call: str = "call_1") -> tuple[str, str, str]:
@@ -99,14 +100,16 @@ def test_replay_returns_the_recorded_result_without_running(ledger: Ledger) -> N
 
 def test_concurrent_replay_waits_for_the_live_owner(ledger: Ledger) -> None:
     """A second caller of a running call waits and returns the owner's result."""
-    started, release = threading.Event(), threading.Event()
+    started = threading.Event()
     runs: list[int] = []
+    observed = SeesWaiting(ledger)
 
-    @replay_safe(ledger=ledger)
+    @replay_safe(ledger=observed)
     def slow_refund(order_id: str) -> str:
         runs.append(1)
         started.set()
-        release.wait(10)
+        # The owner finishes only once the waiter has found the call running: the wait is certain.
+        assert observed.waited.wait(30), "the second caller never found the call running"
         return f"refunded {order_id}"
 
     ids = new_ids()
@@ -121,12 +124,11 @@ def test_concurrent_replay_waits_for_the_live_owner(ledger: Ledger) -> None:
     assert started.wait(10)
     waiter = threading.Thread(target=call)
     waiter.start()
-    time.sleep(0.2)  # let the waiter find the running record before the owner finishes
-    release.set()
-    owner.join(10)
-    waiter.join(10)
+    owner.join(30)
+    waiter.join(30)
     assert results == ["refunded 7", "refunded 7"]
     assert runs == [1]
+    assert observed.waits >= 1
 
 
 def test_wait_runs_out_with_call_in_progress(ledger: Ledger) -> None:
@@ -792,12 +794,15 @@ async def test_async_tool_replays(ledger: Ledger) -> None:
 async def test_async_replay_waits_without_blocking_the_loop(ledger: Ledger) -> None:
     """A replay waiting on a running async call lets the owner's task finish it."""
     runs: list[int] = []
-    gate = asyncio.Event()
+    waiting = asyncio.Event()
+    observed = SeesWaiting(ledger, on_wait=waiting.set)
 
-    @replay_safe(ledger=ledger)
+    @replay_safe(ledger=observed)
     async def slow(order_id: str) -> str:
         runs.append(1)
-        await gate.wait()
+        # Set by the waiter's claim, which found this call running: the owner can finish only
+        # while the waiter waits, and only if that wait leaves the loop free to run this task.
+        await asyncio.wait_for(waiting.wait(), 30)
         return "done"
 
     ids = new_ids()
@@ -806,13 +811,9 @@ async def test_async_replay_waits_without_blocking_the_loop(ledger: Ledger) -> N
         async with tool_call(*ids):
             return await slow("1")
 
-    owner = asyncio.create_task(call())
-    await asyncio.sleep(0.05)
-    waiter = asyncio.create_task(call())
-    await asyncio.sleep(0.1)
-    gate.set()
-    assert await asyncio.gather(owner, waiter) == ["done", "done"]
+    assert await asyncio.gather(call(), call()) == ["done", "done"]
     assert runs == [1]
+    assert observed.waits >= 1
 
 
 def test_the_wait_deadline_follows_the_monotonic_clock_not_the_wall_clock(

@@ -26,6 +26,8 @@ from replaysafe import (
     tool_call,
 )
 
+from .waiting import SeesWaiting
+
 
 def new_key() -> CallKey:
     return CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
@@ -113,11 +115,13 @@ def test_a_replay_waits_for_a_late_sync_tool(ledger: Ledger) -> None:
     """While a timed-out tool still runs in a live process, a replay waits and gets its late result."""
     release = threading.Event()
     runs: list[int] = []
+    # The tool is let go only when the replay has found its call still running: the wait is certain.
+    observed = SeesWaiting(ledger, on_wait=release.set)
 
-    @replay_safe(ledger=ledger, timeout=0.1, wait_timeout=30)
+    @replay_safe(ledger=observed, timeout=0.1, wait_timeout=30)
     def slow_refund(order_id: str) -> str:
         runs.append(1)
-        release.wait(30)
+        assert release.wait(30), "no replay found the call running"
         return "late result"
 
     key = new_key()
@@ -129,7 +133,7 @@ def test_a_replay_waits_for_a_late_sync_tool(ledger: Ledger) -> None:
     caller = threading.Thread(target=first)
     caller.start()
     caller.join(30)
-    threading.Timer(0.3, release.set).start()
+    assert not release.is_set()
     results: list[str] = []
 
     def replay() -> None:
@@ -141,6 +145,7 @@ def test_a_replay_waits_for_a_late_sync_tool(ledger: Ledger) -> None:
     replayer.join(30)
     assert results == ["late result"]
     assert runs == [1]
+    assert observed.waits >= 1
 
 
 def test_lease_follows_the_timeout(ledger: Ledger) -> None:

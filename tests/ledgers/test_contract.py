@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import sys
+import threading
 import unicodedata
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -262,6 +265,36 @@ async def test_async_claims_race(ledger: Ledger) -> None:
         )
     )
     assert sum(r.claimed for r in results) == 1
+
+
+def test_threaded_claims_race(ledger: Ledger) -> None:
+    """Claims of one key from many threads released at once by a barrier: exactly one wins, every round.
+
+    (MemoryLedger's ``.aio`` runs inline, so the async race above is sequential there: this one is not.)
+    """
+    threads = 16
+    # An in-process ledger is cheap to race often; a server one costs round trips per claim.
+    rounds = 300 if isinstance(ledger, replaysafe.MemoryLedger) else 10
+    # Switch threads as often as the interpreter can, so that claims interleave inside the ledger's code.
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(rounds):
+            key = new_key()
+            barrier = threading.Barrier(threads)
+
+            def contend(n: int, key: CallKey = key, barrier: threading.Barrier = barrier) -> bool:
+                barrier.wait(30)
+                return claim(ledger, key, owner=f"host:1:{n}#1").claimed
+
+            with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+                won = list(pool.map(contend, range(threads)))
+            assert sum(won) == 1, f"{sum(won)} of {threads} concurrent claims won {key}"
+            stored = ledger.get(key)
+            assert stored is not None
+            assert stored.owner == f"host:1:{won.index(True)}#1"
+    finally:
+        sys.setswitchinterval(previous)
 
 
 async def test_async_tool_replays_across_ledger_objects(durable_ledger_url: str) -> None:
