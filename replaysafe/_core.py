@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from . import _constants, _unrecorded
 from ._clock import utcnow
-from ._codec import Reviver, Serializer, reviver_for
+from ._codec import JsonSerializer, Reviver, Serializer, reviver_for
 from ._context import CallInfo, CallScope, InDoubt
 from ._errors import (
     CallInDoubtError,
@@ -560,8 +560,11 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
     try:
         encoded = spec.serializer.dumps(result)
     except Exception as exc:
-        # The error's text is not used: it may quote the value.
-        marker, why = _unrecorded.mark("not_encodable", result), f"the serializer raised {type(exc).__name__}"
+        # A custom serializer's error text may quote the value; the built-in codec's refusal
+        # names types only, and says which part of the result it cannot rebuild.
+        builtin = isinstance(exc, ResultEncodingError) and isinstance(spec.serializer, JsonSerializer)
+        why = str(exc) if builtin else f"the serializer raised {type(exc).__name__}"
+        marker = _unrecorded.mark("not_encodable", result)
     else:
         if _unrecorded.is_reserved(encoded):
             marker, why = _unrecorded.mark("not_encodable", result), "its encoding starts with a reserved prefix"
