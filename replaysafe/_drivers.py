@@ -13,7 +13,6 @@ import concurrent.futures
 import contextvars
 import functools
 import inspect
-import os
 import signal
 import sqlite3
 import sys
@@ -50,6 +49,7 @@ from ._pending import pending_writes
 from ._records import Status
 from ._renewer import new_lease, renewer, start_renewing
 from ._sealing import Sealer
+from ._threads import ForkSafePool
 from .ledgers import Ledger
 from .ledgers._protocol import diagnose, is_transient
 
@@ -289,35 +289,15 @@ def _run_with_alarm(spec: ToolSpec, run: Run, wrapped: Callable[..., Any]) -> An
         raise _timeout_error(spec, run, still_running=False) from None
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _worker_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            # Idle threads are reused; a tool running past its deadline holds one until it ends.
-            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="replaysafe-tool")
-        return _pool
-
-
-def _forget_parent_pool() -> None:
-    """In a forked child: the parent's worker threads do not exist there, and the pool
-    (or its lock) may have been copied mid-use. Left unclosed: its threads are the parent's."""
-    global _pool, _pool_lock
-    _pool = None
-    _pool_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_parent_pool)
+# Idle threads are reused; a tool running past its deadline holds one until it ends.
+_worker_pool = ForkSafePool(max_workers=256, thread_name_prefix="replaysafe-tool")
 
 
 def _run_in_worker(
     spec: ToolSpec, scope: CallScope, run: Run, wrapped: Callable[..., Any], ledger: Ledger, lease: Lease | None
 ) -> Any:
     context = contextvars.copy_context()  # carries current_call() into the worker
-    future = _worker_pool().submit(context.run, wrapped, *run.call.args, **run.call.kwargs)
+    future = _worker_pool.get().submit(context.run, wrapped, *run.call.args, **run.call.kwargs)
     # The tool may outlive its deadline in the worker: its lease is kept until it ends.
     future.add_done_callback(lambda _: renewer.remove(lease))
     try:

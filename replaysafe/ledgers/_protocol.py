@@ -8,12 +8,10 @@ per operation), so adding a backend is one small module.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import dataclasses
 import functools
 import os
-import threading
 import uuid
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from datetime import datetime
@@ -29,6 +27,7 @@ from .._events import EventKind, emit
 from .._identity import owner_token
 from .._records import CallKey, ClaimResult, Record, Status
 from .._sealing import Sealer, unsealed
+from .._threads import ForkSafePool
 
 #: One signing key, or a list whose first key signs and all of which are accepted.
 SigningKey = str | bytes | Sequence[str | bytes]
@@ -197,29 +196,8 @@ class AsyncLedger(Protocol):
     async def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]: ...
 
 
-_offload: concurrent.futures.ThreadPoolExecutor | None = None
-_offload_lock = threading.Lock()
-
-
-def _offload_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads blocking ledger operations of async callers run in (sized like asyncio's default)."""
-    global _offload
-    with _offload_lock:
-        if _offload is None:
-            _offload = concurrent.futures.ThreadPoolExecutor(
-                max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="replaysafe-ledger"
-            )
-        return _offload
-
-
-def _forget_parent_pool() -> None:
-    # In a forked child the parent's threads do not exist: a copied pool would queue forever.
-    global _offload, _offload_lock
-    _offload = None
-    _offload_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_parent_pool)
+#: The threads blocking ledger operations of async callers run in (sized like asyncio's default).
+_offload_pool = ForkSafePool(max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="replaysafe-ledger")
 
 
 class OffloadedAsyncLedger:
@@ -240,7 +218,7 @@ class OffloadedAsyncLedger:
             # Our own pool rather than the loop's default executor: a forked child gets a
             # new one (see _offload_pool), even when it goes on with a loop of its parent.
             call = functools.partial(contextvars.copy_context().run, method, *args, **kwargs)
-            return await asyncio.get_running_loop().run_in_executor(_offload_pool(), call)
+            return await asyncio.get_running_loop().run_in_executor(_offload_pool.get(), call)
         return method(*args, **kwargs)
 
     async def claim(self, key: CallKey, **kwargs: Any) -> ClaimResult:
