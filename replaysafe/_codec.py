@@ -139,6 +139,10 @@ def _class_tree(value: Any) -> Any:
         return _tagged("enum", [*_type_ref(cls), value._name_])
     if dataclasses.is_dataclass(cls):
         fields = {field.name: getattr(value, field.name) for field in dataclasses.fields(cls)}
+        # Rebuilt from its fields alone: state held anywhere else (a builtin base's
+        # contents, an attribute set in __post_init__) would not come back.
+        if isinstance(value, _BUILTIN_STATE) or not set(getattr(value, "__dict__", ())) <= set(fields):
+            raise _RefusedError(f"{_type_name(cls)} (it holds state outside its fields)")
         return _tagged("dataclass", [*_type_ref(cls), _tree(fields)])
     base_model = _pydantic_base_model()
     if base_model is not None and isinstance(value, base_model):
@@ -146,26 +150,23 @@ def _class_tree(value: Any) -> Any:
     raise _RefusedError(_type_name(cls))
 
 
+#: Builtin bases whose contents a dataclass's fields do not hold.
+_BUILTIN_STATE = (dict, list, set, frozenset, tuple, str, bytes, bytearray, int, float, complex)
+
+
 def _model_tree(model: Any) -> list[Any]:
-    """A model's field values as they are (nested models, dataclasses, tuples keep their
-    types), keyed as validation reads them; and its private attributes, if any.
+    """A model's state as it is: its field values by name, extra fields, private attributes
+    and which fields were set. Rebuilt as is on replay, never validated again: a validator
+    that transforms its input would transform it twice.
 
     Not ``model_dump``: it turns a dataclass or a model held in an ``Any`` field into a dict.
     """
-    cls = type(model)
-    by_name = cls.model_config.get("validate_by_name") or cls.model_config.get("populate_by_name")
-    data = {}
-    for name, value in model:  # fields, then extra fields
-        field = cls.model_fields.get(name)
-        key = name
-        if field is not None and not by_name:
-            alias = field.validation_alias if field.validation_alias is not None else field.alias
-            if alias is not None and not isinstance(alias, str):  # AliasPath, AliasChoices
-                raise _RefusedError(f"{_type_name(cls)} (its field {name} has a path alias: allow validation by name)")
-            key = alias or name
-        data[key] = value
-    private = model.__pydantic_private__
-    return [_tree(data), _tree(dict(private))] if private else [_tree(data)]
+    return [
+        _tree(dict(model.__dict__)),
+        _tree(model.__pydantic_extra__),
+        _tree(model.__pydantic_private__),
+        sorted(model.__pydantic_fields_set__),
+    ]
 
 
 def _pydantic_base_model() -> type | None:
@@ -316,12 +317,24 @@ def _dataclass(payload: Any) -> Any:
 
 
 def _model(payload: Any) -> Any:
-    """A model validated from its field values (a changed model fails here), then its private state."""
-    module, qualname, data, *private = _of(list, payload)
+    """A model rebuilt with the state it had, without validation (see ``_model_tree``); a
+    model whose fields changed since (a field added without a default, one removed) fails."""
+    module, qualname, fields, extra, private, fields_set = _of(list, payload)
     cls, _ = _class([module, qualname, None], "pydantic model", _is_model_class)
-    model = cls.model_validate(data)
-    if private:
-        model.__pydantic_private__.update(_of(dict, private[0]))
+    fields = dict(_of(dict, fields))
+    known = cls.model_fields
+    if not set(fields) <= set(known):
+        raise ResultDecodingError(f"the recorded {_type_name(cls)} has a field the class no longer has")
+    for name, field in known.items():
+        if name not in fields:
+            if field.is_required():
+                raise ResultDecodingError(f"the recorded {_type_name(cls)} lacks a field the class now requires")
+            fields[name] = field.get_default(call_default_factory=True)
+    model = cls.__new__(cls)
+    object.__setattr__(model, "__dict__", fields)  # frozen models too
+    object.__setattr__(model, "__pydantic_extra__", None if extra is None else dict(_of(dict, extra)))
+    object.__setattr__(model, "__pydantic_private__", None if private is None else dict(_of(dict, private)))
+    object.__setattr__(model, "__pydantic_fields_set__", {_of(str, name) for name in _of(list, fields_set)})
     return model
 
 
