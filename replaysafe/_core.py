@@ -385,6 +385,8 @@ def begin(
         except LedgerError as exc:
             return _unprotected(spec, key, exc, args, kwargs, timeout)
         record = found.record
+        if record.key != key:
+            _report_moved(spec, key, record)
         _check_same_call(spec, record, args_digest)
         # Our own record: a claim whose first answer was lost and was tried again.
         if found.claimed or (record.status is Status.RUNNING and record.owner == owner):
@@ -459,6 +461,19 @@ def begin(
             )
         yield Sleep(min(backoff, left))
         backoff = min(backoff * 2, _constants.WAIT_BACKOFF_MAX)
+
+
+def _report_moved(spec: ToolSpec, key: CallKey, record: Record) -> None:
+    """The store answered for ``key`` with another call's record: a row moved to this call's
+    key (its seal, made for the other call, would check). Never replayed, never run."""
+    message = (
+        f"the ledger answered {describe(spec.name, key)} with the record of another call "
+        f"({describe(record.tool_name, record.key)}): it was moved or copied in the store. It is not "
+        "returned as a result and nothing ran. Inspect the store (who can write to it?), then delete the "
+        "record under this call's key."
+    )
+    emit(EventKind.TAMPERED, message, tool_name=spec.name, key=key)
+    raise TamperedRecordError(message, tool_name=spec.name, key=key)
 
 
 def _report_in_doubt(spec: ToolSpec, record: Record, policy: InDoubt) -> None:
@@ -551,6 +566,21 @@ def _unprotected(
 # --- phase 2: record ------------------------------------------------------------------
 
 
+def _unstorable(encoded: object) -> str | None:
+    """Why a serializer's output is text no store can hold, if it is: such a write would fail
+    every time, and must not be mistaken for a ledger that is briefly down."""
+    if type(encoded) is not str:
+        return f"the serializer returned a {type(encoded).__name__}, not a str"
+    if "\x00" in encoded:  # PostgreSQL text cannot hold NUL
+        return "its encoding holds a NUL character"
+    if not encoded.isascii():
+        try:
+            encoded.encode("utf-8")
+        except UnicodeEncodeError:
+            return "its encoding holds a lone surrogate, which is not UTF-8"
+    return None
+
+
 def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, Any, None]:
     """Record the value the tool returned."""
     if run.owner is None:
@@ -566,7 +596,10 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
         why = str(exc) if builtin else f"the serializer raised {type(exc).__name__}"
         marker = _unrecorded.mark("not_encodable", result)
     else:
-        if _unrecorded.is_reserved(encoded):
+        unstorable = _unstorable(encoded)
+        if unstorable is not None:
+            marker, why = _unrecorded.mark("not_encodable", result), unstorable
+        elif _unrecorded.is_reserved(encoded):
             marker, why = _unrecorded.mark("not_encodable", result), "its encoding starts with a reserved prefix"
         elif len(encoded) > spec.max_result_bytes:
             marker = _unrecorded.mark("too_large", result, len(encoded))

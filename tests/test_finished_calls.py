@@ -116,6 +116,56 @@ def test_a_serializer_output_with_a_reserved_prefix_is_not_mistaken_for_a_marker
     assert runs == [1]
 
 
+class _Bytes:
+    """A serializer built on a bytes-producing encoder (orjson-style)."""
+
+    def dumps(self, value: Any) -> Any:
+        return b'"x"'
+
+    def loads(self, text: str) -> Any:
+        return text
+
+
+class _Verbatim:
+    """A serializer that keeps non-ASCII text as is: a lone surrogate or NUL goes through."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def dumps(self, value: Any) -> str:
+        return self.text
+
+    def loads(self, text: str) -> Any:
+        return text
+
+
+@pytest.mark.parametrize(
+    "serializer",
+    [_Bytes(), _Verbatim('"caf\udce9"'), _Verbatim('"a\x00b"')],
+    ids=["bytes", "lone-surrogate", "nul"],
+)
+def test_serializer_output_no_store_can_hold_is_recorded_as_run(ledger: Ledger, serializer: Any) -> None:
+    """Text the store would refuse every time is not a ledger outage: the call is recorded as run
+    without its result, and a replay raises instead of running it again."""
+    runs: list[int] = []
+
+    @replay_safe(ledger=ledger, serializer=serializer)
+    def tool() -> str:
+        runs.append(1)
+        return "real"
+
+    ids = new_ids()
+    with tool_call(*ids):
+        assert tool() == "real"
+    record = ledger.get(CallKey(*ids))
+    assert record is not None and record.status is Status.COMPLETED
+    marker = parse(unsealed(record.result))
+    assert marker is not None and marker.reason == "not_encodable"
+    with tool_call(*ids), pytest.raises(ResultEncodingError):
+        tool()
+    assert runs == [1]
+
+
 def test_the_marker_is_sealed_on_a_signing_ledger(ledger_url: str) -> None:
     with open_ledger(ledger_url, signing_key="k" * 32) as ledger:
         runs: list[int] = []

@@ -362,3 +362,39 @@ def test_short_keys_are_refused() -> None:
     """A signing key under 16 bytes is a configuration error."""
     with pytest.raises(ValueError, match="16 bytes"):
         MemoryLedger(signing_key="short")
+
+
+def _move_sqlite(ledger: Ledger, source: CallKey, target: CallKey) -> None:
+    """Put ``source``'s row under ``target``'s lookup key, its id columns (and seal) left as they were."""
+    assert isinstance(ledger, SqliteLedger)
+    from replaysafe._identity import key_digest
+
+    with sqlite3.connect(ledger.path) as db:
+        db.execute("DELETE FROM tool_executions WHERE call_key = ?", (key_digest(*target),))
+        db.execute(
+            "UPDATE tool_executions SET call_key = ? WHERE call_key = ?", (key_digest(*target), key_digest(*source))
+        )
+
+
+def _move_memory(ledger: Ledger, source: CallKey, target: CallKey) -> None:
+    assert isinstance(ledger, MemoryLedger)
+    ledger._records[target] = ledger._records.pop(source)
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_record_moved_to_another_calls_key_is_refused(backend: str, tmp_path: Path) -> None:
+    """A sealed record copied under another call's key carries a seal that checks for its own
+    call: the store answering one call with another's record is tampering, not a replay."""
+    ledger: Ledger
+    if backend == "memory":
+        ledger, move = MemoryLedger(signing_key=KEY_A), _move_memory
+    else:
+        ledger, move = SqliteLedger(tmp_path / "moved.db", signing_key=KEY_A), _move_sqlite
+    runs: list[str] = []
+    first, second = new_key(), new_key()
+    with tool_call(*first):
+        refund(ledger, runs)("1")
+    move(ledger, first, second)
+    with tool_call(*second), pytest.raises(TamperedRecordError, match="record of another call"):
+        refund(ledger, runs)("1")
+    assert runs == ["1"]
