@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
@@ -203,6 +204,30 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture
+def reachable_by_other_users() -> Iterator[None]:
+    """The checkout and the interpreter's environment, traversable by the two unprivileged users.
+
+    A checkout may sit in a directory only its owner can enter (a ``mktemp -d`` clone is 0700):
+    each directory on the path gets ``o+rx`` and each ancestor ``o+x`` for the test, and its mode back after.
+    """
+    places = [ROOT, Path(sys.prefix), Path(sys.executable).resolve().parent, *map(Path, sys.path)]
+    changed: dict[Path, int] = {}
+    try:
+        for place in places:
+            # Imports list the directories on the path (read); their ancestors need only be entered.
+            needs = [(place, stat.S_IROTH | stat.S_IXOTH)] if place.is_dir() else []
+            for directory, bits in [*needs, *((parent, stat.S_IXOTH) for parent in place.parents)]:
+                mode = changed.get(directory, directory.stat().st_mode)
+                if stat.S_IMODE(directory.stat().st_mode) & bits != bits:
+                    changed.setdefault(directory, mode)
+                    directory.chmod(stat.S_IMODE(directory.stat().st_mode) | bits)
+        yield
+    finally:
+        for directory, mode in changed.items():
+            directory.chmod(stat.S_IMODE(mode))
+
+
 def _as_user(uid: int, command: list[str], *, hidepid: bool = False) -> list[str]:
     drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *command]
     if not hidepid:
@@ -217,7 +242,7 @@ def _as_user(uid: int, command: list[str], *, hidepid: bool = False) -> list[str
 # import needs a backport (async_timeout) the test environment does not install.
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_an_owner_hidden_by_hidepid_is_waited_for_not_taken_over(
-    backend: str, shared_dir: Path, request: pytest.FixtureRequest
+    backend: str, shared_dir: Path, request: pytest.FixtureRequest, reachable_by_other_users: None
 ) -> None:
     """The owner runs as one user; the replay runs as another, with /proc mounted hidepid=2.
 
