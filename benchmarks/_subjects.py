@@ -81,6 +81,19 @@ def key_digest(thread_id: str, message_id: str, tool_call_id: str) -> str:
 
 
 # --- floors -------------------------------------------------------------------------
+#
+# A floor's hit returns the decoded result, as a replay does: reading the record
+# without decoding it would leave work out of the floor that no ledger can skip.
+
+
+def _result_of_row(row: Any) -> Any:
+    """The result a SQL floor's ``SELECT`` read: the ``result`` column, decoded."""
+    return json.loads(row[3])
+
+
+def _result_of_value(value: Any) -> Any:
+    """The result a Redis floor's ``GET`` read: the packed record, then its result, decoded."""
+    return json.loads(json.loads(value)["result"])
 
 
 class Floor(Protocol):
@@ -127,7 +140,7 @@ class SqliteFloor:
         self._complete(name)
 
     def hit(self, name: str) -> None:
-        self._conn.execute(self._select, (name,)).fetchone()
+        _result_of_row(self._conn.execute(self._select, (name,)).fetchone())
 
     async def amiss(self, name: str) -> None:
         await asyncio.to_thread(self._claim, name)
@@ -144,21 +157,27 @@ class SqliteFloor:
 
 
 class PostgresFloor:
-    """The same statements on one psycopg connection in autocommit (sync), and one async connection."""
+    """The same statements on one psycopg connection in autocommit (sync), and one async connection.
+
+    The statements are plain strings, rendered once here: building a ``sql.Composed`` on
+    every execute would add client work the ledger does not do.
+    """
 
     def __init__(self, url: str, schema: str) -> None:
         self._url = url
         self._conn = psycopg.connect(url, autocommit=True)
         self._aconn: psycopg.AsyncConnection[Any] | None = None
         table = sql.Identifier(schema, FLOOR_TABLE)
-        self._insert = sql.SQL(
+
+        def plain(statement: str) -> str:
+            return sql.SQL(statement).format(table).as_string(self._conn)
+
+        self._insert = plain(
             "INSERT INTO {} (" + _COLUMNS + ") VALUES (%s, 't', %s, 'c', 'refund', %s, 'running', NULL, %s, 1, "
             "%s, %s, %s, NULL) ON CONFLICT (call_key) DO NOTHING"
-        ).format(table)
-        self._update = sql.SQL(
-            "UPDATE {} SET status = 'completed', result = %s, updated_at = %s WHERE call_key = %s"
-        ).format(table)
-        self._select = sql.SQL("SELECT " + _READ_COLUMNS + " FROM {} WHERE call_key = %s").format(table)
+        )
+        self._update = plain("UPDATE {} SET status = 'completed', result = %s, updated_at = %s WHERE call_key = %s")
+        self._select = plain("SELECT " + _READ_COLUMNS + " FROM {} WHERE call_key = %s")
         self._now = dt.datetime.now(dt.timezone.utc)
 
     def miss(self, name: str) -> None:
@@ -167,7 +186,7 @@ class PostgresFloor:
         self._conn.execute(self._update, (_RESULT, now, name))
 
     def hit(self, name: str) -> None:
-        self._conn.execute(self._select, (name,)).fetchone()
+        _result_of_row(self._conn.execute(self._select, (name,)).fetchone())
 
     async def _async(self) -> psycopg.AsyncConnection[Any]:
         if self._aconn is None:
@@ -182,7 +201,7 @@ class PostgresFloor:
 
     async def ahit(self, name: str) -> None:
         conn = await self._async()
-        await (await conn.execute(self._select, (name,))).fetchone()
+        _result_of_row(await (await conn.execute(self._select, (name,))).fetchone())
 
     def close(self) -> None:
         self._conn.close()
@@ -195,7 +214,7 @@ class PostgresFloor:
 
 
 class RedisFloor:
-    """``SET NX`` (the claim) + ``SET`` (the result) for a miss, one ``GET`` for a hit."""
+    """``SET NX`` (the claim) + ``SET`` (the result) for a miss, one ``GET`` for a hit (its value decoded)."""
 
     def __init__(self, url: str, client: redis.Redis | None = None) -> None:
         self._url = url
@@ -209,7 +228,7 @@ class RedisFloor:
         self._client.set(name, self._done)
 
     def hit(self, name: str) -> None:
-        self._client.get(name)
+        _result_of_value(self._client.get(name))
 
     def _async(self) -> redis.asyncio.Redis:
         if self._aclient is None:
@@ -222,7 +241,7 @@ class RedisFloor:
         await client.set(name, self._done)
 
     async def ahit(self, name: str) -> None:
-        await self._async().get(name)
+        _result_of_value(await self._async().get(name))
 
     def close(self) -> None:
         self._client.close()
