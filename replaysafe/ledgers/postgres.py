@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import math
+import re
 import select
 import sys
 import typing
@@ -224,6 +225,13 @@ _PRIVILEGE_FIX = (
     "table from ledger.ddl() and pass create_schema=False; the role then needs SELECT, INSERT, UPDATE and DELETE "
     "on the table."
 )
+#: What the ledger needs on each kind of object PostgreSQL names in "permission denied for <kind> <name>".
+_PRIVILEGES = {
+    "database": ("CREATE", "DATABASE", "to create the ledger's schema (create_schema=True)"),
+    "schema": ("USAGE, CREATE", "SCHEMA", "to reach the ledger's table and, with create_schema=True, create it"),
+    "table": ("SELECT, INSERT, UPDATE, DELETE", "TABLE", "to claim, record, read and delete calls"),
+}
+_DENIED = re.compile(r"permission denied for (database|schema|table) (.+)")
 _MISSING_TABLE_FIX = (
     "The ledger's table or schema does not exist: pass create_schema=True, or apply ledger.ddl() (a migration)."
 )
@@ -249,7 +257,22 @@ _TRANSIENT_STATES = frozenset(
 _PASSING_FATALS = ("starting up", "shutting down", "in recovery", "too many clients", "connection slots", "not yet")
 
 
-def _diagnose(exc: BaseException) -> LedgerFault:
+def _privilege_fix(primary: str, role: str | None) -> str:
+    """The grant a "permission denied" names: the privilege, the object and the role, or the general fix."""
+    denied = _DENIED.fullmatch(primary.strip())
+    if denied is None:
+        return _PRIVILEGE_FIX
+    kind, name = denied[1], denied[2]
+    privilege, keyword, why = _PRIVILEGES[kind]
+    return (
+        f"The ledger's role{f' {role}' if role else ''} lacks {privilege} on {kind} {name}, needed {why}: run "
+        f"GRANT {privilege} ON {keyword} {name} TO {role or '<the role>'}; or have an owner apply ledger.ddl() and "
+        "pass create_schema=False, the role then needs USAGE on the schema and SELECT, INSERT, UPDATE and DELETE "
+        "on the table."
+    )
+
+
+def _diagnose(exc: BaseException, role: str | None = None) -> LedgerFault:
     """One place that tells a passing PostgreSQL fault from a misconfiguration, by SQLSTATE."""
     cause = getattr(exc, "orig", None) or exc
     if isinstance(cause, (TimeoutError, sa_exc.TimeoutError, sa_exc.DisconnectionError, ConnectionError)):
@@ -262,7 +285,7 @@ def _diagnose(exc: BaseException) -> LedgerFault:
     if state == "3D000":
         return LedgerFault(False, _DATABASE_FIX)
     if state == "42501":
-        return LedgerFault(False, _PRIVILEGE_FIX)
+        return LedgerFault(False, _privilege_fix(getattr(cause.diag, "message_primary", None) or "", role))
     if state in ("42P01", "3F000"):
         return LedgerFault(False, _MISSING_TABLE_FIX)
     if state.startswith(_TRANSIENT_CLASSES) or state in _TRANSIENT_STATES:
@@ -440,7 +463,7 @@ class PostgresLedger(SqlLedger):
         return params
 
     def diagnose(self, exc: BaseException) -> LedgerFault:
-        return _diagnose(exc)
+        return _diagnose(exc, getattr(self._url, "username", None))
 
     def _no_answer(self) -> str:
         return (

@@ -202,12 +202,32 @@ _RESPONSE_FIX = (
 )
 
 
-def _diagnose(exc: BaseException) -> LedgerFault:
+_NOPERM_COMMAND = re.compile(r"no permissions to run the '([^']+)' command")
+
+
+def _acl_fix(exc: BaseException, user: str | None, prefix: str | None) -> str:
+    """The ACL rule a NOPERM reply asks for: the command, or the ledger's keys, for the user."""
+    who = user or "default"
+    keys = f"~{prefix}:*" if prefix else "the ledger's keys"
+    command = _NOPERM_COMMAND.search(str(exc))
+    if command is not None:
+        name = command[1].upper()
+        return (
+            f"The Redis user {who} may not run {name}: grant it (ACL SETUSER {who} +{command[1].lower()}). " + _ACL_FIX
+        )
+    if "access one of the keys" in str(exc) or "keys used as arguments" in str(exc):
+        return (
+            f"The Redis user {who} may not access the ledger's keys: grant them (ACL SETUSER {who} {keys}). {_ACL_FIX}"
+        )
+    return _ACL_FIX
+
+
+def _diagnose(exc: BaseException, user: str | None = None, prefix: str | None = None) -> LedgerFault:
     """Transient (the link or the server's state) or permanent (credentials, ACL, a refused command)."""
     if isinstance(exc, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
         return LedgerFault(False, _AUTH_FIX)  # a ConnectionError subclass: test it first
     if isinstance(exc, redis.exceptions.NoPermissionError):
-        return LedgerFault(False, _ACL_FIX)
+        return LedgerFault(False, _acl_fix(exc, user, prefix))
     transient = (
         redis.ConnectionError,  # refused, reset, closed
         redis.TimeoutError,  # no answer within io_timeout
@@ -375,7 +395,8 @@ class RedisLedger(LedgerBase):
         }
 
     def diagnose(self, exc: BaseException) -> LedgerFault:
-        return _diagnose(exc)
+        user = urllib.parse.urlsplit(self._url).username if self._url is not None else None
+        return _diagnose(exc, user, self.prefix)
 
     def _script(self, name: str) -> Any:
         self.client  # noqa: B018 - connects and registers the scripts

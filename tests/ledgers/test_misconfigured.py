@@ -193,9 +193,15 @@ def role_without_create(postgres_server_url: str) -> Iterator[str]:
 
 
 def test_a_role_without_create_fails_closed(role_without_create: str) -> None:
+    """The message names the privilege, the object, the role and the other way: create_schema=False."""
     schema = f"rs_{uuid.uuid4().hex[:12]}"  # it cannot be created, so there is nothing to drop
+    role = urllib.parse.urlsplit(role_without_create).username
+    database = urllib.parse.urlsplit(role_without_create).path.lstrip("/")
     with PostgresLedger(role_without_create, schema=schema, retry=ONE_TRY) as ledger:
-        _fails_closed(ledger, "GRANT", "create_schema=False")
+        _fails_closed(ledger, f"GRANT CREATE ON DATABASE {database} TO {role}", "create_schema=False", "ddl()")
+    # No schema to create: the table goes into public, where the role may not create (PostgreSQL 15+).
+    with PostgresLedger(role_without_create, table=f"rs_{uuid.uuid4().hex[:12]}", retry=ONE_TRY) as ledger:
+        _fails_closed(ledger, "lacks USAGE, CREATE on schema public", f"GRANT USAGE, CREATE ON SCHEMA public TO {role}")
 
 
 def test_a_login_the_postgres_server_refuses_fails_closed(postgres_server_url: str) -> None:
@@ -270,7 +276,7 @@ def test_check_fails_on_a_table_it_may_not_write(role_without_create: str, postg
         with pytest.raises(LedgerError, match="check failed at claim") as raised:
             ledger.check()
         assert not raised.value.transient
-        assert "GRANT" in str(raised.value)
+        assert f"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE tool_executions TO {role}" in str(raised.value)
         assert ledger.get(CallKey("t", "m", "c")) is None  # reading is allowed: only the write failed
     with psycopg.connect(libpq_url(server), autocommit=True) as conn:
         conn.execute(f"REVOKE ALL ON {schema}.tool_executions FROM {role}")
@@ -300,6 +306,12 @@ def test_a_redis_user_without_the_ledgers_commands_fails_closed() -> None:
         admin.close()
         url = server.url.replace("redis://", "redis://rs-limited:pw@")
         with RedisLedger(url, retry=ONE_TRY) as ledger:
-            _fails_closed(ledger, "Grant the Redis user")
+            _fails_closed(ledger, "Grant the Redis user", "rs-limited may not run EVALSHA")
+        admin = redis.Redis.from_url(server.url)
+        admin.acl_setuser("rs-other-keys", enabled=True, passwords=["+pw"], keys=["other:*"], commands=["+@all"])
+        admin.close()
+        url = server.url.replace("redis://", "redis://rs-other-keys:pw@")
+        with RedisLedger(url, prefix="calls", retry=ONE_TRY) as ledger:
+            _fails_closed(ledger, "may not access the ledger's keys", "ACL SETUSER rs-other-keys ~calls:*")
     finally:
         server.destroy()
