@@ -40,7 +40,8 @@ from ._errors import (
     describe,
 )
 from ._events import EventKind, emit, wanted
-from ._identity import call_idempotency_key, owner_alive, owner_token
+from ._identity import call_idempotency_key
+from ._owners import owner_alive, owner_token
 from ._records import CallKey, ClaimResult, Record, Status
 from ._sealing import Sealer, unsealed
 

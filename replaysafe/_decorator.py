@@ -16,11 +16,12 @@ from ._codec import JsonSerializer, Serializer
 from ._config import default_ledger
 from ._context import UNSET, CallScope, InDoubt, _current, _node, _scope, check_in_doubt, timeout_setting
 from ._core import OnLedgerError, ToolSpec, effective_timeout, replay
-from ._drivers import Plan, adrive, astream, drive, stream
+from ._drivers import Plan, adrive, drive
 from ._errors import MissingCallIdError, ToolTimeoutError, UnprotectedCallWarning, describe
 from ._events import EventKind, emit
 from ._identity import args_digest
 from ._records import CallKey
+from ._streaming import astream, stream
 from .ledgers import Ledger
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -7,18 +7,13 @@ outcome (or throw its exception back in).
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # CPython's C half of the signal module
 import asyncio
 import concurrent.futures
-import contextvars
 import functools
 import inspect
-import signal
 import sqlite3
-import sys
-import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
 import tenacity
@@ -31,25 +26,23 @@ from ._core import (
     LedgerOp,
     Reconcile,
     Release,
-    Replay,
     Run,
     RunTool,
     Sleep,
     Takeover,
     ToolExit,
     ToolSpec,
-    begin,
     settle_error,
     settle_result,
 )
-from ._errors import LedgerError, ReplaySafeError, ToolTimeoutError, describe
+from ._deadlines import alarm_is_ours_to_use, await_with_timeout, run_in_worker, run_with_alarm
+from ._errors import LedgerError, ReplaySafeError, describe
 from ._events import logger
 from ._leases import Lease
 from ._pending import pending_writes
 from ._records import Status
 from ._renewer import new_lease, renewer, start_renewing
 from ._sealing import Sealer
-from ._threads import ForkSafePool
 from .ledgers import Ledger
 from .ledgers._protocol import diagnose, is_transient
 
@@ -213,98 +206,7 @@ async def _aperform_ledger_op(effect: LedgerOp, ledger: Ledger, spec: ToolSpec) 
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-# --- running a sync tool under its deadline ---------------------------------------------
-
-
-class _Deadline(BaseException):
-    """Raised inside a sync tool by SIGALRM at its deadline (a BaseException, so that a
-    tool's ``except Exception`` does not swallow it)."""
-
-
-def _timeout_error(spec: ToolSpec, run: Run, *, still_running: bool) -> ToolTimeoutError:
-    assert run.timeout is not None
-    then = (
-        "It still runs in a worker thread and records its result if it finishes."
-        if still_running
-        else "It was interrupted."
-    )
-    return ToolTimeoutError(
-        f"{describe(spec.name, run.call.key)} passed its {run.timeout:g}s deadline (attempt {run.call.attempt}). "
-        f"{then} The call is in doubt: a replay applies the in-doubt policy.",
-        timeout=run.timeout,
-        still_running=still_running,
-        tool_name=spec.name,
-        key=run.call.key,
-    )
-
-
-_HAS_ALARM = hasattr(signal, "setitimer")
-# The C functions below ``signal.signal``/``getsignal``: the Python wrappers convert to and
-# from enums on every call, which costs more than the timer itself.
-_set_handler: Any = getattr(_signal, "signal", None)
-_get_handler: Any = getattr(_signal, "getsignal", None)
-
-
-def _alarm_is_ours_to_use() -> bool:
-    """SIGALRM interrupts a tool cheaply, but only the main thread gets signals, and only
-    when nobody else uses SIGALRM or its timer."""
-    if not _HAS_ALARM or threading.get_ident() != threading.main_thread().ident:
-        return False
-    handler = _get_handler(signal.SIGALRM)
-    if handler is _on_alarm:
-        return True
-    if handler in (signal.SIG_DFL, None) and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0):
-        # Installed once and left in place (installing it for every call would cost more
-        # than the timer): it acts only while a tool runs, and is the default otherwise.
-        _set_handler(signal.SIGALRM, _on_alarm)
-        return True
-    return False
-
-
-#: True while a tool body runs under our timer (only the main thread arms it).
-_armed = False
-
-
-def _on_alarm(signum: int, frame: Any) -> None:
-    if _armed:
-        raise _Deadline
-    # Not our alarm: do what SIGALRM does without us (end the process).
-    _set_handler(signal.SIGALRM, _signal.SIG_DFL)
-    signal.raise_signal(signal.SIGALRM)
-
-
-def _run_with_alarm(spec: ToolSpec, run: Run, wrapped: Callable[..., Any]) -> Any:
-    global _armed
-    assert run.timeout is not None
-    try:
-        # Armed around the tool body only, never around ledger I/O.
-        _armed = True
-        signal.setitimer(signal.ITIMER_REAL, run.timeout)
-        try:
-            return wrapped(*run.call.args, **run.call.kwargs)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            _armed = False
-    except _Deadline:
-        raise _timeout_error(spec, run, still_running=False) from None
-
-
-# Idle threads are reused; a tool running past its deadline holds one until it ends.
-_worker_pool = ForkSafePool(max_workers=256, thread_name_prefix="replaysafe-tool")
-
-
-def _run_in_worker(
-    spec: ToolSpec, scope: CallScope, run: Run, wrapped: Callable[..., Any], ledger: Ledger, lease: Lease | None
-) -> Any:
-    context = contextvars.copy_context()  # carries current_call() into the worker
-    future = _worker_pool.get().submit(context.run, wrapped, *run.call.args, **run.call.kwargs)
-    # The tool may outlive its deadline in the worker: its lease is kept until it ends.
-    future.add_done_callback(lambda _: renewer.remove(lease))
-    try:
-        return future.result(timeout=run.timeout)
-    except concurrent.futures.TimeoutError:
-        future.add_done_callback(lambda done: _record_late(spec, scope, run, done, ledger))
-        raise _timeout_error(spec, run, still_running=True) from None
+# --- running the tool ----------------------------------------------------------------
 
 
 def _record_late(
@@ -333,12 +235,19 @@ def _invoke(spec: ToolSpec, scope: CallScope, run: Run, wrapped: Callable[..., A
     lease = _lease(spec, run, ledger)
     renewer.add(lease)  # renewed by the renewer thread, never by this one
     try:
-        if run.timeout is not None and not _alarm_is_ours_to_use():
-            return _run_in_worker(spec, scope, run, wrapped, ledger, lease)  # ends the lease itself
+        if run.timeout is not None and not alarm_is_ours_to_use():
+            # The tool may outlive its deadline in the worker: its lease is kept until it ends.
+            return run_in_worker(
+                spec.name,
+                run,
+                wrapped,
+                on_end=lambda: renewer.remove(lease),
+                on_late=lambda done: _record_late(spec, scope, run, done, ledger),
+            )
         try:
             if run.timeout is None:
                 return wrapped(*run.call.args, **run.call.kwargs)
-            return _run_with_alarm(spec, run, wrapped)
+            return run_with_alarm(spec.name, run, wrapped)
         finally:
             renewer.remove(lease)
     finally:
@@ -351,32 +260,11 @@ async def _ainvoke(spec: ToolSpec, run: Run, wrapped: Callable[..., Any], ledger
     try:
         if run.timeout is None:
             return await wrapped(*run.call.args, **run.call.kwargs)
-        return await _await_with_timeout(spec, run, wrapped(*run.call.args, **run.call.kwargs))
+        return await await_with_timeout(spec.name, run, wrapped(*run.call.args, **run.call.kwargs))
     finally:
         _current.reset(token)
         if renewing is not None:
             renewing.cancel()
-
-
-async def _await_with_timeout(spec: ToolSpec, run: Run, awaitable: Any) -> Any:
-    assert run.timeout is not None
-    if sys.version_info >= (3, 11):
-        # Only this context manager's expiry is our timeout; a TimeoutError the tool raises is its own.
-        scope = asyncio.timeout(run.timeout)
-        try:
-            async with scope:
-                return await awaitable
-        except TimeoutError:
-            if scope.expired():
-                raise _timeout_error(spec, run, still_running=False) from None
-            raise
-    started = time.monotonic()  # pragma: no cover - Python 3.10
-    try:  # pragma: no cover
-        return await asyncio.wait_for(awaitable, run.timeout)
-    except asyncio.TimeoutError:  # pragma: no cover
-        if time.monotonic() - started >= run.timeout:
-            raise _timeout_error(spec, run, still_running=False) from None
-        raise
 
 
 # --- the drive loops --------------------------------------------------------------------
@@ -478,101 +366,3 @@ async def adrive(
         if original is exc:
             raise
         raise original from None
-
-
-# --- streaming tools: chunks flow to the caller between the two phases ------------------
-
-
-def _past(run: Run) -> bool:
-    return run.timeout is not None and time.monotonic() - run.started > run.timeout
-
-
-def _leased(source: Iterator[Any], lease: Lease | None) -> Generator[Any, None, None]:
-    """``source``'s chunks, with the call's lease renewed from the first chunk until the
-    stream ends or is closed (the consumer's time between chunks included)."""
-    renewer.add(lease)
-    try:
-        yield from source
-    finally:
-        renewer.remove(lease)
-
-
-async def _aleased(source: AsyncGenerator[Any, None], lease: Lease | None) -> AsyncGenerator[Any, None]:
-    """``_leased`` for async streams: a renewal task in this loop."""
-    renewing = start_renewing(lease)
-    try:
-        async for chunk in source:
-            yield chunk
-    finally:
-        if renewing is not None:
-            renewing.cancel()
-        await source.aclose()
-
-
-def stream(
-    spec: ToolSpec, plan: Plan, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Iterator[Any]:
-    """Yield a streaming tool's chunks as they come; record them all when it ends.
-
-    Its deadline is checked between chunks: a stream cannot be interrupted mid-chunk.
-    """
-    ledger, scope, digest, timeout, sealer = plan
-    decision = drive(begin(spec, scope, digest, args, kwargs, timeout, sealer), ledger, spec, scope, wrapped)
-    if isinstance(decision, Replay):
-        yield from decision.value
-        return
-    run = decision
-    source = _leased(wrapped(*args, **kwargs), _lease(spec, run, ledger))
-    chunks: list[Any] = []
-    try:
-        while True:
-            # current_call() is set around each step only: the consumer runs in between.
-            token = _current.set(run.call)
-            try:
-                chunk = next(source)
-            except StopIteration:
-                break
-            finally:
-                _current.reset(token)
-            chunks.append(chunk)
-            if _past(run):
-                raise _timeout_error(spec, run, still_running=False)
-            yield chunk
-    except BaseException as exc:
-        source.close()
-        drive(settle_error(spec, scope, run, exc), ledger, spec, scope, wrapped)
-        raise
-    drive(settle_result(spec, run, chunks), ledger, spec, scope, wrapped)
-
-
-async def astream(
-    spec: ToolSpec, plan: Plan, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> AsyncIterator[Any]:
-    """``stream`` for async generator tools."""
-    ledger, scope, digest, timeout, sealer = plan
-    decision = await adrive(begin(spec, scope, digest, args, kwargs, timeout, sealer), ledger, spec, scope, wrapped)
-    if isinstance(decision, Replay):
-        for chunk in decision.value:
-            yield chunk
-        return
-    run = decision
-    source = _aleased(wrapped(*args, **kwargs), _lease(spec, run, ledger))
-    chunks: list[Any] = []
-    try:
-        while True:
-            token = _current.set(run.call)
-            try:
-                chunk = await source.__anext__()
-            except StopAsyncIteration:
-                break
-            finally:
-                _current.reset(token)
-            chunks.append(chunk)
-            if _past(run):
-                raise _timeout_error(spec, run, still_running=False)
-            yield chunk
-    except BaseException as exc:
-        await source.aclose()
-        await adrive(settle_error(spec, scope, run, exc), ledger, spec, scope, wrapped)
-        raise
-    await adrive(settle_result(spec, run, chunks), ledger, spec, scope, wrapped)

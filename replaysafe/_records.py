@@ -43,7 +43,7 @@ class Record(NamedTuple):
     status: Status
     #: The encoded result (``COMPLETED``) or error (``FAILED``); ``None`` otherwise.
     result: str | None
-    #: Who claimed it: ``host:pid:process-start#n`` (see ``replaysafe._identity.owner_token``).
+    #: Who claimed it: ``host:pid:process-start#n`` (see ``replaysafe._owners.owner_token``).
     owner: str
     attempt: int
     created_at: datetime

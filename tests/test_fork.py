@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from replaysafe import CallKey, Ledger, PostgresLedger, RedisLedger, Status, replay_safe, tool_call
-from replaysafe._identity import _process_start, owner_token
+from replaysafe._owners import _process_start, owner_token
 
 # Python 3.12+ warns that forking a process with threads may deadlock: that is what is tested here.
 pytestmark = pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")

@@ -20,8 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replaysafe import JsonSerializer, _identity, idempotency_key
-from replaysafe._identity import args_digest, key_digest, owner_alive, owner_token
+from replaysafe import JsonSerializer, _owners, idempotency_key
+from replaysafe._identity import args_digest, key_digest
+from replaysafe._owners import owner_alive, owner_token
 
 from . import result_domain
 from .result_domain import TAG, shape
@@ -243,7 +244,7 @@ def test_owner_token_names_host_pid_and_start() -> None:
 
 
 def _token_for(pid: int, start: str) -> str:
-    return f"{_identity._owner.machine}:{pid}:{start}#1"
+    return f"{_owners._owner.machine}:{pid}:{start}#1"
 
 
 @pytest.fixture
@@ -257,14 +258,14 @@ def live_child() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def test_a_live_owner_with_its_start_time_is_alive(live_child: subprocess.Popen[bytes]) -> None:
-    start = _identity._process_start(live_child.pid)
+    start = _owners._process_start(live_child.pid)
     assert start is not None and start.isdigit()
     assert owner_alive(_token_for(live_child.pid, start)) is True
 
 
 def test_a_reused_pid_is_not_the_owner(live_child: subprocess.Popen[bytes]) -> None:
     """The pid runs, but a process that started at another time holds it: the owner is dead."""
-    start = _identity._process_start(live_child.pid)
+    start = _owners._process_start(live_child.pid)
     assert start is not None
     assert owner_alive(_token_for(live_child.pid, str(int(start) - 1))) is False
     assert owner_alive(_token_for(live_child.pid, str(int(start) + 1))) is False
@@ -272,7 +273,7 @@ def test_a_reused_pid_is_not_the_owner(live_child: subprocess.Popen[bytes]) -> N
 
 def test_a_vanished_owner_is_dead() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    start = _identity._process_start(child.pid) or "1"
+    start = _owners._process_start(child.pid) or "1"
     child.wait(timeout=30)  # reaped: no process has the pid now
     assert owner_alive(_token_for(child.pid, start)) is False
 
@@ -281,12 +282,12 @@ def test_a_zombie_owner_is_dead() -> None:
     """Killed but not yet reaped: ``kill(pid, 0)`` still succeeds, yet it will never finish."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        start = _identity._process_start(child.pid)
+        start = _owners._process_start(child.pid)
         assert start is not None
         token = _token_for(child.pid, start)
         os.kill(child.pid, signal.SIGKILL)
         for _ in range(600):  # until the kernel has made it a zombie (bounded)
-            fields = _identity._read_stat(child.pid)
+            fields = _owners._read_stat(child.pid)
             if fields is not None and fields[0] == b"Z":
                 break
             time.sleep(0.05)
@@ -303,7 +304,7 @@ def test_an_owner_whose_start_cannot_be_compared_is_unknown(live_child: subproce
 def test_an_owner_on_another_machine_is_unknown() -> None:
     """REPLAYSAFE_OWNER_MACHINE names the host; tokens of another host are judged by their lease."""
     code = (
-        "import os, sys; from replaysafe._identity import owner_alive, owner_token; "
+        "import os, sys; from replaysafe._owners import owner_alive, owner_token; "
         "print(owner_token()); print(owner_alive(sys.argv[1]))"
     )
     env = {**os.environ, "REPLAYSAFE_OWNER_MACHINE": "worker:7#b"}

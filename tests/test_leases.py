@@ -37,8 +37,8 @@ from replaysafe import (
     replay_safe,
     tool_call,
 )
-from replaysafe._identity import OWNER_MACHINE_ENV
 from replaysafe._leases import Lease, Schedule, first_due, renewal_interval
+from replaysafe._owners import OWNER_MACHINE_ENV
 
 from .conftest import _unavailable
 
@@ -274,7 +274,7 @@ def test_an_owner_hidden_by_hidepid_is_waited_for_not_taken_over(
         assert replay.returncode == 0, replay.stderr
         assert json.loads(replay.stdout.strip().splitlines()[-1]) == "CallInProgressError", replay.stderr
         look = (
-            "import os, sys; from replaysafe._identity import owner_alive; "
+            "import os, sys; from replaysafe._owners import owner_alive; "
             "pid = int(sys.argv[1].split(':')[1]); "
             "print(os.path.exists(f'/proc/{pid}'), owner_alive(sys.argv[1]))"
         )

@@ -370,7 +370,7 @@ def live_owner() -> Iterator[str]:
         [
             sys.executable,
             "-c",
-            "import time; from replaysafe._identity import owner_token; print(owner_token(), flush=True); "
+            "import time; from replaysafe._owners import owner_token; print(owner_token(), flush=True); "
             "time.sleep(300)",
         ],
         stdout=subprocess.PIPE,
@@ -400,7 +400,7 @@ def _stuck(ledger: Ledger, owner: str, digest: str = "d") -> CallKey:
 @pytest.mark.parametrize("whose", ["a sleeping child", "this test's process"])
 def test_resolve_refuses_a_live_owner_without_force(durable_ledger: Ledger, live_owner: str, whose: str) -> None:
     """`resolve()` does not settle a call whose owner is a live process, even past its lease; `force=True` does."""
-    from replaysafe._identity import owner_token
+    from replaysafe._owners import owner_token
 
     owner = live_owner if whose == "a sleeping child" else owner_token()
     key = _stuck(durable_ledger, owner)

@@ -826,7 +826,7 @@ def test_the_wait_deadline_follows_the_monotonic_clock_not_the_wall_clock(
     clock the protocol reads is stepped back one hour at each look.
     """
     from replaysafe import _core
-    from replaysafe._identity import owner_token
+    from replaysafe._owners import owner_token
 
     @replay_safe(ledger=ledger, wait_timeout=0.5)
     def charge(card: str) -> str:

@@ -24,7 +24,7 @@ from .._codec import JsonSerializer, Serializer
 from .._constants import LEDGER_RETRY_ATTEMPTS, LEDGER_RETRY_MAX_SECONDS
 from .._errors import LedgerError
 from .._events import EventKind, emit
-from .._identity import owner_token
+from .._owners import owner_token
 from .._records import CallKey, ClaimResult, Record, Status
 from .._sealing import Sealer, unsealed
 from .._threads import ForkSafePool
