@@ -42,7 +42,11 @@ def default_ledger() -> Ledger | None:
         if _from_env is None or _from_env[0] != url:
             from .ledgers import open_ledger
 
-            _from_env = (url, open_ledger(url))
+            try:
+                ledger = open_ledger(url)
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"${LEDGER_URL_ENV} names no usable ledger: {exc}") from None
+            _from_env = (url, ledger)
         return _from_env[1]
 
 

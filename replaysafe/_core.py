@@ -37,7 +37,9 @@ from ._errors import (
     ResultEncodingError,
     TamperedRecordError,
     ToolTimeoutError,
+    add_note,
     describe,
+    ledger_command,
 )
 from ._events import EventKind, emit, wanted
 from ._identity import call_idempotency_key
@@ -302,8 +304,8 @@ def recorded_error(spec: ToolSpec, record: Record, text: str | None) -> Recorded
         raise _unreadable(spec, record, "its recorded error cannot be decoded") from None
     return RecordedToolError(
         f"{describe(spec.name, record.key)} raised {error_type} when it first ran, and that failure is recorded, "
-        "so it was not run again (its message is in .error_message). Delete the record (ledger.delete(key)) to "
-        "allow a retry.",
+        "so it was not run again (its message is in .error_message). To allow a retry, delete its record: "
+        f"{ledger_command('delete', record.key)}",
         error_type=error_type,
         error_message=error_message,
         tool_name=spec.name,
@@ -339,8 +341,7 @@ def _unreadable(spec: ToolSpec, record: Record, why: str) -> RecordUnreadableErr
 
 
 def _resolve_command(key: CallKey) -> str:
-    # Ids are JSON-quoted: shell-safe enough to copy, and control characters escaped.
-    return f"replaysafe ledger --ledger <url> resolve {' '.join(json.dumps(part) for part in key)}"
+    return ledger_command("resolve", key)
 
 
 def _call_info(
@@ -427,12 +428,13 @@ def begin(
             policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
             _report_in_doubt(spec, record, policy)
             if policy == "raise":
+                idempotency_key = call_idempotency_key(*key, spec.name)
                 raise CallInDoubtError(
                     f"{describe(spec.name, key)} is in doubt: its owner {record.owner} died or gave up during "
-                    f"attempt {record.attempt}, so its side effect may or may not have happened. Nothing ran. Check "
-                    "with the provider, then settle it: ledger.resolve(key, result=...) or "
-                    "ledger.resolve(key, rerun=True).",
-                    idempotency_key=call_idempotency_key(*key, spec.name),
+                    f"attempt {record.attempt}, so its side effect may or may not have happened. Nothing ran. Look "
+                    f"the effect up at the provider by the idempotency key {idempotency_key}, then settle it: "
+                    f"{_resolve_command(key)} --result '<json>' if it happened, or --rerun if it did not.",
+                    idempotency_key=idempotency_key,
                     tool_name=spec.name,
                     key=key,
                 )
@@ -481,16 +483,20 @@ def _report_in_doubt(spec: ToolSpec, record: Record, policy: InDoubt) -> None:
     then = {
         "rerun": f"Running it again as attempt {record.attempt + 1}; hand current_call().idempotency_key to the "
         "provider so it can dedupe.",
-        "raise": "Raising CallInDoubtError (in_doubt='raise'); settle it with ledger.resolve().",
+        "raise": "Raising CallInDoubtError (in_doubt='raise'); settle it with "
+        f"{_resolve_command(record.key)} --result '<json>' or --rerun.",
     }.get(policy if isinstance(policy, str) else "", f"Asking the reconciler {_callable_name(policy)}.")
+    idempotency_key = call_idempotency_key(*record.key, spec.name)
     emit(
         EventKind.IN_DOUBT,
         f"{describe(spec.name, record.key)} is in doubt: its owner {record.owner} died or gave up while the tool "
-        f"ran (attempt {record.attempt}), so its side effect may or may not have happened. {then}",
+        f"ran (attempt {record.attempt}), so its side effect may or may not have happened (idempotency key "
+        f"{idempotency_key}). {then}",
         tool_name=spec.name,
         key=record.key,
         owner=record.owner,
         attempt=record.attempt,
+        idempotency_key=idempotency_key,
     )
 
 
@@ -524,6 +530,12 @@ def _reconcile(spec: ToolSpec, reconciler: Reconciler, in_doubt: Run, attempt: i
         if isinstance(exc, GeneratorExit):
             raise
         # Nothing was settled: leave the call in doubt for the next replay (or an operator).
+        add_note(
+            exc,
+            f"raised by the reconciler {_callable_name(reconciler)} of {describe(spec.name, call.key)} (attempt "
+            f"{attempt}); the call stays in doubt: the next replay asks again, or settle it with "
+            f"{_resolve_command(call.key)} --result '<json>' or --rerun",
+        )
         yield from _finish(spec, owned, Status.IN_DOUBT, None, fail_closed=False)
         raise
     yield from _finish(spec, owned, Status.COMPLETED, encoded, fail_closed=True, result=answer)

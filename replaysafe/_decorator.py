@@ -74,7 +74,11 @@ class _Tool:
         binder = self._binders[method]
         arguments = binder.bind(args, kwargs) if binder is not None else None
         if arguments is None:  # the general case, and every call the function would reject
-            bound = self._signatures[method].bind(*args, **kwargs)
+            try:
+                bound = self._signatures[method].bind(*args, **kwargs)
+            except TypeError as exc:
+                # inspect's text names the parameter, never a value; the tool's name says whose.
+                raise TypeError(f"{self.spec.name}() {exc}") from None
             bound.apply_defaults()
             arguments = bound.arguments
         for name in self.exclude_args:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ._records import CallKey
@@ -11,6 +12,23 @@ def describe(tool_name: str | None, key: CallKey | None) -> str:
     """The call as error messages name it: ``tool (thread_id=… message_id=… tool_call_id=…)``."""
     tool = tool_name or "<unknown tool>"
     return f"{tool} ({key})" if key is not None else tool
+
+
+def ledger_command(action: str, key: CallKey) -> str:
+    """The ``replaysafe ledger`` command line that acts on one call, as messages tell operators to run it.
+
+    Ids are JSON-quoted: safe enough to copy into a shell, with control characters escaped.
+    """
+    return f"replaysafe ledger {action} --ledger <url> {' '.join(json.dumps(part) for part in key)}"
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``, also on Python 3.10 (where tracebacks do not print it)."""
+    adder = getattr(exc, "add_note", None)
+    if adder is not None:
+        adder(note)
+    else:  # pragma: no cover - Python 3.10
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]  # type: ignore[attr-defined]
 
 
 class ReplaySafeError(Exception):

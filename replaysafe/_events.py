@@ -53,6 +53,8 @@ class Event:
     args_digest: str | None = None
     #: Seconds the tool ran (``EXECUTED``).
     duration: float | None = None
+    #: The key the call hands its provider, to look its effect up (``IN_DOUBT``).
+    idempotency_key: str | None = None
     at: datetime = dataclasses.field(default_factory=utcnow)
 
 

@@ -282,7 +282,7 @@ def test_resolve_with_force_settles_a_call_whose_result_cannot_be_read(ledger: L
     ids = new_ids()
     with tool_call(*ids):
         refund_before("o-1")
-    with pytest.raises(ValueError, match="force=True"):  # a readable-looking finished record: not by accident
+    with pytest.raises(ValueError, match="--force"):  # a readable-looking finished record: not by accident
         ledger.resolve(CallKey(*ids), result={"refund_id": "r-1", "currency": "EUR"})
     ledger.resolve(CallKey(*ids), result={"refund_id": "r-1", "currency": "EUR"}, force=True)
     with tool_call(*ids):

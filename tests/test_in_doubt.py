@@ -93,7 +93,7 @@ def test_raise_policy_runs_nothing_and_keeps_the_record(
     with tool_call(*key), pytest.raises(CallInDoubtError) as raised:
         refund_tool(durable_ledger, effects, in_doubt="raise")("1042", 59.0)
     assert key.thread_id in str(raised.value)
-    assert "ledger.resolve" in str(raised.value)
+    assert "replaysafe ledger resolve" in str(raised.value)
     assert attempts_in(effects) == ["1"]
     record = durable_ledger.get(key)
     assert record is not None

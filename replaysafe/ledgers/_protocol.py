@@ -22,7 +22,7 @@ from .. import _unrecorded
 from .._clock import utcnow
 from .._codec import JsonSerializer, Serializer
 from .._constants import LEDGER_RETRY_ATTEMPTS, LEDGER_RETRY_MAX_SECONDS
-from .._errors import LedgerError
+from .._errors import LedgerError, ledger_command
 from .._events import EventKind, emit
 from .._owners import owner_token
 from .._records import CallKey, ClaimResult, Record, Status
@@ -297,15 +297,16 @@ class LedgerBase:
         unrecorded = record.status is Status.COMPLETED and _unrecorded.parse(unsealed(record.result)) is not None
         if record.status not in (Status.RUNNING, Status.IN_DOUBT) and not (unrecorded or force):
             raise ValueError(
-                f"the call {key} is already {record.status}; delete(key) it to allow a rerun, or pass force=True "
-                "if its recorded result cannot be read"
+                f"the call {key} is already {record.status}; to allow a rerun, delete its record "
+                f"({ledger_command('delete', key)}), or settle it anyway ({ledger_command('resolve', key)} "
+                "--force) if its recorded result cannot be read"
             )
         from .._core import Verdict, judge  # the one place that tells a live owner from a dead one
 
         if not force and record.status is Status.RUNNING and judge(record, utcnow()) is Verdict.WAIT:
             raise ValueError(
-                f"the call {key} is still running in {record.owner}, which is alive: wait for it, or pass "
-                "force=True if you know it is stuck"
+                f"the call {key} is still running in {record.owner}, which is alive: wait for it, or settle it "
+                f"anyway ({ledger_command('resolve', key)} --force) if you know it is stuck"
             )
         encoded = None if rerun else (serializer or JsonSerializer()).dumps(result)
         if encoded is not None and self.sealer is not None:

@@ -89,7 +89,7 @@ def test_a_crash_inside_the_tool_is_in_doubt_and_raise_pauses_the_run_until_it_i
     assert pause["reason"] == PAUSE_REASON
     assert pause["tool_call_id"] == "call_1"
     assert "is in doubt" in pause["message"]
-    assert "ledger.resolve" in pause["message"]  # the message names the next step
+    assert "replaysafe ledger resolve" in pause["message"]  # the message names the next step
     assert pause["value"]["error"] == "CallInDoubtError"
     [record] = records(spec)
     assert record.status is not Status.COMPLETED
