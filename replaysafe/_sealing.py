@@ -30,10 +30,16 @@ class Sealer:
 
     __slots__ = ("_secrets",)
 
-    def __init__(self, keys: Sequence[str | bytes]) -> None:
+    def __init__(self, keys: Sequence[str | bytes], source: str = "signing_key=") -> None:
         secrets = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
-        if not secrets or any(len(s) < 16 for s in secrets):
-            raise ValueError("signing keys must be given, each at least 16 bytes long")
+        if not secrets:
+            raise ValueError(f"{source} holds no signing key: give at least one, each at least 16 bytes long")
+        for position, secret in enumerate(secrets, 1):
+            if len(secret) < 16:  # the key itself is a secret: named by its position only
+                raise ValueError(
+                    f"signing key {position} of {len(secrets)} in {source} is shorter than 16 bytes: use a random "
+                    'secret of 16 bytes or more (python -c "import secrets; print(secrets.token_urlsafe(32))")'
+                )
         self._secrets = secrets
 
     @classmethod
@@ -43,7 +49,7 @@ class Sealer:
         if signing_key is None:
             from_env = os.environ.get(SIGNING_KEY_ENV, "")
             keys: list[str | bytes] = [k for k in from_env.split(",") if k]
-            return cls(keys) if keys else None
+            return cls(keys, f"${SIGNING_KEY_ENV}") if keys else None
         if isinstance(signing_key, (str, bytes)):
             return cls([signing_key])
         return cls(list(signing_key))

@@ -358,10 +358,18 @@ def test_signing_key_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert SqliteLedger(tmp_path / "env.db", signing_key=KEY_B).sealer.open(ledger.get(key)) is not None  # type: ignore[union-attr, arg-type]
 
 
-def test_short_keys_are_refused() -> None:
-    """A signing key under 16 bytes is a configuration error."""
-    with pytest.raises(ValueError, match="16 bytes"):
+def test_short_keys_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signing key under 16 bytes is a configuration error naming which key (by position, never its value)."""
+    with pytest.raises(ValueError, match=r"signing key 1 of 1 in signing_key= is shorter than 16 bytes") as error:
         MemoryLedger(signing_key="short")
+    assert "short" not in str(error.value).replace("shorter", "")
+    with pytest.raises(ValueError, match=r"signing key 2 of 2 in signing_key= is shorter") as error:
+        MemoryLedger(signing_key=[KEY_A, "key-2026-06"])
+    assert "key-2026-06" not in str(error.value)
+    monkeypatch.setenv("REPLAYSAFE_SIGNING_KEY", f"{KEY_A},tiny")
+    with pytest.raises(ValueError, match=r"signing key 2 of 2 in \$REPLAYSAFE_SIGNING_KEY is shorter") as error:
+        MemoryLedger()
+    assert "tiny" not in str(error.value)
 
 
 def _move_sqlite(ledger: Ledger, source: CallKey, target: CallKey) -> None:
