@@ -1,4 +1,4 @@
-"""Optional OpenTelemetry spans, from events (``pip install "replaysafe[otel]"``)."""
+"""Optional OpenTelemetry spans, from events (``pip install "replaysafe-tools[otel]"``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ def instrument_opentelemetry(tracer_provider: Any = None) -> Callable[[], None]:
     try:
         from opentelemetry import trace
     except ImportError as exc:  # pragma: no cover - the extra is installed in tests
-        raise ImportError('instrument_opentelemetry() needs opentelemetry-api: pip install "replaysafe[otel]"') from exc
+        raise ImportError(
+            'instrument_opentelemetry() needs opentelemetry-api: pip install "replaysafe-tools[otel]"'
+        ) from exc
 
     tracer = trace.get_tracer("replaysafe", tracer_provider=tracer_provider)
 

@@ -199,7 +199,7 @@ def _psycopg_url(url: str | sa.URL) -> sa.URL:
     if parsed.drivername != _DRIVER:
         raise ValueError(
             f"PostgresLedger needs the psycopg 3 driver, got {parsed.render_as_string(hide_password=True)!r}: "
-            "use a postgresql:// or postgresql+psycopg:// URL (pip install 'replaysafe[postgres]')"
+            "use a postgresql:// or postgresql+psycopg:// URL (pip install 'replaysafe-tools[postgres]')"
         )
     return parsed
 
