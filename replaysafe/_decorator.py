@@ -19,7 +19,7 @@ from ._core import OnLedgerError, ToolSpec, effective_timeout, replay
 from ._drivers import Plan, adrive, drive
 from ._errors import MissingCallIdError, ToolTimeoutError, UnprotectedCallWarning, describe
 from ._events import EventKind, emit
-from ._identity import args_digest
+from ._identity import SignatureDigest, args_digest
 from ._records import CallKey
 from ._streaming import astream, stream
 from .ledgers import Ledger
@@ -36,6 +36,7 @@ class _Tool:
 
     __slots__ = (
         "_binders",
+        "_digests",
         "_signatures",
         "exclude_args",
         "ledger",
@@ -67,20 +68,24 @@ class _Tool:
         # Called through an instance or class, wrapt hands us args without self/cls.
         self._signatures = (signature, signature.replace(parameters=parameters[1:]))
         self._binders = (_Binder.of(parameters), _Binder.of(parameters[1:]))
+        names = [parameter.name for parameter in parameters]
+        self._digests = (SignatureDigest(names, exclude_args), SignatureDigest(names[1:], exclude_args))
 
     def digest(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
         """Bind the call's arguments by name (defaults applied) and digest them."""
         method = instance is not None
         binder = self._binders[method]
         arguments = binder.bind(args, kwargs) if binder is not None else None
-        if arguments is None:  # the general case, and every call the function would reject
-            try:
-                bound = self._signatures[method].bind(*args, **kwargs)
-            except TypeError as exc:
-                # inspect's text names the parameter, never a value; the tool's name says whose.
-                raise TypeError(f"{self.spec.name}() {exc}") from None
-            bound.apply_defaults()
-            arguments = bound.arguments
+        if arguments is not None:
+            return self._digests[method](arguments, self.spec.name)
+        # The general case, and every call the function would reject.
+        try:
+            bound = self._signatures[method].bind(*args, **kwargs)
+        except TypeError as exc:
+            # inspect's text names the parameter, never a value; the tool's name says whose.
+            raise TypeError(f"{self.spec.name}() {exc}") from None
+        bound.apply_defaults()
+        arguments = bound.arguments
         for name in self.exclude_args:
             arguments.pop(name, None)
         return args_digest(arguments, tool_name=self.spec.name)
@@ -142,7 +147,7 @@ class _Binder:
     that ``bind`` handles it (and raises the function's own ``TypeError``).
     """
 
-    __slots__ = ("defaults", "keywords", "positional", "required")
+    __slots__ = ("all_by_position", "defaults", "keywords", "positional", "required", "size")
 
     def __init__(
         self, positional: tuple[str, ...], keywords: frozenset[str], defaults: dict[str, Any], required: frozenset[str]
@@ -151,6 +156,9 @@ class _Binder:
         self.keywords = keywords
         self.defaults = defaults
         self.required = required
+        self.size = len(required) + len(defaults)
+        #: The number of arguments that, given by position, are all the parameters (-1: none).
+        self.all_by_position = len(positional) if len(positional) == self.size else -1
 
     @classmethod
     def of(cls, parameters: list[inspect.Parameter]) -> _Binder | None:
@@ -168,6 +176,12 @@ class _Binder:
         return cls(positional, keywords, defaults, required)
 
     def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+        # The two common calls first: every parameter given, all by position or all by name.
+        if not kwargs:
+            if len(args) == self.all_by_position:
+                return dict(zip(self.positional, args, strict=True))
+        elif not args and len(kwargs) == self.size and kwargs.keys() <= self.keywords:
+            return dict(kwargs)
         if len(args) > len(self.positional) or not kwargs.keys() <= self.keywords:
             return None
         arguments = dict(zip(self.positional, args, strict=False))  # fewer args than names: fine

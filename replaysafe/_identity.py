@@ -8,13 +8,15 @@ import datetime as dt
 import decimal
 import enum
 import hashlib
+import json.encoder
+import math
 import uuid
 import zoneinfo
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from ._errors import ArgumentDigestError
-from ._json import JSON_SCALARS, is_plain, json_encoder
+from ._json import JSON_SCALARS, TAG_KEY, is_plain, json_encoder
 
 # Canonical JSON: sorted keys, no whitespace, unicode kept as is. Equal data gives
 # equal bytes in every process, whatever the hash seed. Call keys and idempotency
@@ -184,6 +186,96 @@ def args_digest(arguments: Mapping[str, Any], *, tool_name: str) -> str:
             f"Leave it out of the digest with @replay_safe(exclude_args=({name!r},)).",
             tool_name=tool_name,
         ) from exc
+
+
+# --- the fast path: calls bound to one signature ----------------------------------------
+#
+# Sorted-key JSON is compositional: the text of a dict is "{", then for each key in
+# sorted order the key's text, ":" and the value's text, joined by ",", then "}".
+# A tool's bound arguments always carry the same names, so each "key:" head is
+# computed once, and only the values are encoded per call, each scalar by the very
+# function the C encoder calls for its type. With a list or dict among them, one
+# pass of the encoder over the whole mapping is cheaper. Any other value (or a name
+# set that differs) takes the general path, which gives the same text by
+# construction; the property tests compare the two.
+
+_string_text = json.encoder.encode_basestring  # the C encoder's function for ensure_ascii=False
+
+
+def _float_text(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float.__repr__(value)
+
+
+_SCALAR_TEXT: dict[type, Callable[[Any], str]] = {
+    int: int.__repr__,  # an int too long to print raises ValueError: the general path then names it
+    float: _float_text,
+    bool: lambda value: "true" if value else "false",
+    type(None): lambda value: "null",
+}
+
+
+class SignatureDigest:
+    """``args_digest`` of an argument mapping without the names in ``exclude``, fast for mappings of ``names``.
+
+    The same digest, computed without the general path's checks when every value is
+    a JSON scalar of an exact type, or plain JSON data.
+    """
+
+    __slots__ = ("_exclude", "_heads")
+
+    def __init__(self, names: Collection[str], exclude: Collection[str] = ()) -> None:
+        self._exclude = frozenset(exclude)
+        kept = sorted(name for name in names if name not in self._exclude)
+        # A name the result codec reserves makes the mapping take the tagged form: never fast.
+        fast = TAG_KEY not in kept
+        self._heads: tuple[tuple[str, str], ...] | None = (
+            tuple((("" if i == 0 else ",") + _string_text(name) + ":", name) for i, name in enumerate(kept))
+            if fast
+            else None
+        )
+
+    def __call__(self, arguments: dict[str, Any], tool_name: str) -> str:
+        text = self.text(arguments)
+        if text is not None:
+            return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()  # as _sha256
+        general = {name: value for name, value in arguments.items() if name not in self._exclude}
+        return args_digest(general, tool_name=tool_name)
+
+    def text(
+        self, arguments: dict[str, Any], _string: type = str, _scalars: dict[type, Callable[[Any], str]] = _SCALAR_TEXT
+    ) -> str | None:
+        """The canonical text of ``arguments`` without the excluded names; ``None`` for the general path."""
+        heads = self._heads
+        if heads is None or type(arguments) is not dict:
+            return None
+        given = len(arguments)
+        if self._exclude:
+            given -= len(self._exclude.intersection(arguments))
+        if given != len(heads):
+            return None  # then each name found below makes the key sets equal
+        text = "{"
+        try:
+            for head, name in heads:
+                value = arguments[name]
+                kind = type(value)
+                if kind is _string:
+                    text += head + _string_text(value)
+                    continue
+                encode = _scalars.get(kind)
+                if encode is not None:
+                    text += head + encode(value)
+                elif (kind is dict or kind is list) and not self._exclude:
+                    # One pass of the C encoder over the whole mapping beats one per value.
+                    return _sorted_json(arguments) if is_plain(arguments) else None
+                else:
+                    return None
+        except (KeyError, ValueError, RecursionError):
+            return None  # another name set, or a value the general path reports
+        return text + "}"
 
 
 def _offending_argument(arguments: Mapping[str, Any]) -> str:

@@ -6,6 +6,7 @@ import datetime as dt
 import decimal
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -20,8 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replaysafe import JsonSerializer, _owners, idempotency_key
-from replaysafe._identity import args_digest, key_digest
+from replaysafe import ArgumentDigestError, JsonSerializer, _owners, idempotency_key, replay_safe
+from replaysafe._identity import SignatureDigest, args_digest, key_digest
+from replaysafe._json import is_plain
 from replaysafe._owners import owner_alive, owner_token
 
 from . import result_domain
@@ -313,3 +315,98 @@ def test_an_owner_on_another_machine_is_unknown() -> None:
     ).stdout.split()
     assert out[0].startswith("worker_7_b:")  # separators in the name cannot break the token
     assert out[1] == "None"
+
+
+# --- the fast path of a tool's bound arguments -----------------------------------------
+
+plain_json = st.recursive(
+    result_domain.json_scalars
+    | st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), max_size=2),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5) | st.just(TAG), inner, max_size=4),
+    max_leaves=10,
+)
+#: The common shapes (plain JSON, lone surrogates, NaN, huge ints) and the rest of the domain mixed in.
+fast_values = plain_json | st.integers(min_value=10**4300, max_value=10**4400) | result_domain.values
+parameter_names = st.lists(st.text(min_size=1, max_size=6) | st.just(TAG), unique=True, max_size=5)
+
+
+def _digest_or_error(digest: Any, *args: Any, **kwargs: Any) -> str:
+    try:
+        return str(digest(*args, **kwargs))
+    except ArgumentDigestError as exc:
+        return f"error: {exc}"
+
+
+@settings(max_examples=400, deadline=None)
+@given(parameter_names, st.data())
+def test_signature_digest_is_the_general_digest(names: list[str], data: st.DataObject) -> None:
+    """A tool's fast digest equals the general one, byte for byte, for every bound mapping, excluded names left out."""
+    values = {name: data.draw(fast_values, label=name) for name in names}
+    exclude = data.draw(st.lists(st.sampled_from(names), unique=True) if names else st.just([]), label="exclude")
+    # A mapping of other names now and then: the fast path must notice and step aside.
+    extra = data.draw(st.dictionaries(st.text(max_size=3), plain_json, max_size=2), label="extra")
+    arguments = {**values, **extra} if extra and data.draw(st.booleans(), label="use extra") else dict(values)
+    general = {name: value for name, value in arguments.items() if name not in exclude}
+    fast = SignatureDigest(names, exclude)
+    assert _digest_or_error(fast, arguments, "t") == _digest_or_error(args_digest, general, tool_name="t")
+    kept = [name for name in names if name not in exclude]
+    if arguments.keys() == set(names) and TAG not in kept and all(_common(arguments[n], exclude) for n in kept):
+        assert fast.text(arguments) is not None, "a common shape took the general path"
+
+
+def _common(value: Any, exclude: list[str]) -> bool:
+    """A value of the shapes the fast path takes (it falls back on an unprintable int, and on
+    a list or dict when names are excluded: the whole mapping is not the text then)."""
+    if type(value) is int:
+        return abs(value) < 10**4000
+    return type(value) in (str, float, bool, type(None)) or (
+        not exclude and type(value) in (dict, list) and is_plain(value)
+    )
+
+
+class Orders:
+    @replay_safe
+    def refund(self, order_id: str, amount: int = 5, *, note: str | None = None) -> None: ...
+
+
+@replay_safe(exclude_args=("session",))
+def charge(order_id: str, lines: list[dict[str, Any]], session: object = None, rush: bool = False) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("tool", "instance", "args", "kwargs", "bound"),
+    [
+        (charge, None, ("1", [{"sku": "a", "qty": 2}]), {}, {"order_id": "1", "lines": [{"sku": "a", "qty": 2}]}),
+        (
+            charge,
+            None,
+            ("1",),
+            {"lines": [], "rush": True, "session": object()},
+            {"order_id": "1", "lines": [], "rush": True},
+        ),
+        (Orders.refund, Orders(), ("9",), {"note": "é"}, {"order_id": "9", "amount": 5, "note": "é"}),
+        (Orders.refund, Orders(), (), {"order_id": "9", "amount": 1.5}, {"order_id": "9", "amount": 1.5}),
+    ],
+)
+def test_decorated_tools_digest_their_bound_arguments(
+    tool: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], bound: dict[str, Any]
+) -> None:
+    """Through the decorator (defaults applied, methods without self, excluded names left out): the general digest."""
+    expected = {"rush": False, **bound} if tool is charge else {"note": None, **bound}
+    digest = tool._self_replaysafe_tool.digest(instance, args, kwargs)
+    assert digest == args_digest(expected, tool_name="t")
+
+
+EDGE_SCALARS = [
+    math.nan, math.inf, -math.inf, -0.0, 0.0, 1e300, 5e-324, 0.1, 2**63, -(2**63), 0, True, False, None,
+    "", '"\\\n\t\x00\u2028', "\ud800", "é€😀", [math.inf, {"k": -math.inf}], {"": [None, "\udfff"]},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", EDGE_SCALARS, ids=repr)
+def test_signature_digest_of_edge_values(value: Any) -> None:
+    """The fast path takes each edge value of the common shapes, and encodes it as the general path does."""
+    fast = SignatureDigest(["a", "value", "z"])
+    arguments = {"a": 1, "value": value, "z": "z"}
+    assert fast.text(arguments) is not None
+    assert fast(arguments, "t") == args_digest(arguments, tool_name="t")
