@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from ._codec import JsonSerializer, Serializer
 from ._config import set_default_ledger, set_default_timeouts
-from ._context import CallInfo, InDoubt, current_call, node, tool_call
+from ._context import CallInfo, InDoubt, current_call, current_call_or_none, node, tool_call
 from ._core import RERUN
 from ._decorator import is_replay_safe, replay_safe
 from ._errors import (
@@ -16,6 +16,7 @@ from ._errors import (
     InvalidCallIdError,
     LedgerError,
     MissingCallIdError,
+    NoCurrentCallError,
     RecordedToolError,
     RecordUnreadableError,
     ReplayMismatchError,
@@ -53,6 +54,7 @@ __all__ = [
     "LedgerError",
     "MemoryLedger",
     "MissingCallIdError",
+    "NoCurrentCallError",
     "PostgresLedger",
     "RERUN",
     "Record",
@@ -70,6 +72,7 @@ __all__ = [
     "ToolTimeoutError",
     "UnprotectedCallWarning",
     "current_call",
+    "current_call_or_none",
     "idempotency_key",
     "instrument_opentelemetry",
     "is_replay_safe",

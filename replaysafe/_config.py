@@ -1,12 +1,13 @@
-"""The default ledger: ``set_default_ledger()`` or ``REPLAYSAFE_LEDGER_URL``."""
+"""Process-wide settings: the default ledger, the global timeouts, the test switch."""
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._constants import LEDGER_URL_ENV, NODE_TIMEOUT, TOOL_TIMEOUT
+from ._constants import DISABLED_ENV, LEDGER_URL_ENV, NODE_TIMEOUT, TOOL_TIMEOUT
 from ._context import UNSET, timeout_setting
 
 if TYPE_CHECKING:
@@ -19,6 +20,42 @@ _lock = threading.Lock()
 #: The global timeouts (seconds, ``None`` for none); see ``set_default_timeouts``.
 default_tool_timeout: float | None = TOOL_TIMEOUT
 default_node_timeout: float | None = NODE_TIMEOUT
+
+
+def _disabled_by_environment() -> bool:
+    return os.environ.get(DISABLED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+#: Protected tools run plainly: ``REPLAYSAFE_DISABLED=1`` when replaysafe was imported (or at the last
+#: ``replaysafe.testing.reset()``), or inside ``replaysafe.testing.disabled()``. Read once, not per call.
+disabled: bool = _disabled_by_environment()
+
+#: What ``replaysafe.testing.reset()`` runs: each module holding process-wide state registers its own reset.
+_resets: list[Callable[[], None]] = []
+
+
+def on_reset(function: Callable[[], None]) -> Callable[[], None]:
+    """Register ``function`` to run on ``replaysafe.testing.reset()``; returns it (usable as a decorator)."""
+    _resets.append(function)
+    return function
+
+
+def reset() -> None:
+    """Back to the state of a freshly imported replaysafe (settings read again from the environment)."""
+    for function in _resets:
+        function()
+
+
+@on_reset
+def _reset_settings() -> None:
+    global _default, _from_env, default_tool_timeout, default_node_timeout, disabled
+    opened, _from_env = _from_env, None
+    _default = None
+    default_tool_timeout = TOOL_TIMEOUT
+    default_node_timeout = NODE_TIMEOUT
+    disabled = _disabled_by_environment()
+    if opened is not None:
+        opened[1].close()  # the ledger REPLAYSAFE_LEDGER_URL opened: nobody else holds it
 
 
 def set_default_ledger(ledger: Ledger | None) -> None:

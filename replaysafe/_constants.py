@@ -21,6 +21,8 @@ LEDGER_RETRY_ATTEMPTS = 3
 LEDGER_RETRY_MAX_SECONDS = 0.5
 #: The environment variable naming the default ledger.
 LEDGER_URL_ENV = "REPLAYSAFE_LEDGER_URL"
+#: The environment variable that, set to 1, makes every protected tool run plainly (unit tests of tool bodies).
+DISABLED_ENV = "REPLAYSAFE_DISABLED"
 #: The table every SQL ledger uses unless told otherwise.
 TABLE_NAME = "tool_executions"
 #: The largest encoded result a call records; a larger one is a record failure.

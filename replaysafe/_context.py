@@ -181,6 +181,7 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
 
     __slots__ = ("scope",)
     _var = _scope
+    scope: CallScope
 
     def __init__(
         self,
@@ -257,6 +258,8 @@ class node(_Scoped):  # noqa: N801 - used like a function: `with node(...):`
 
     __slots__ = ("node_timeout", "tool_timeout")
     _var = _node
+    node_timeout: float | None
+    tool_timeout: float | None
 
     def __init__(
         self,
@@ -286,6 +289,25 @@ def current_scope() -> CallScope | None:
     return _scope.get()
 
 
-def current_call() -> CallInfo | None:
-    """Inside a running protected tool, the identity of its call; ``None`` elsewhere."""
+def current_call() -> CallInfo:
+    """The identity of the protected call running now; hand ``.idempotency_key`` to your provider.
+
+    Raises ``NoCurrentCallError`` outside one: a tool that ran plainly (no ledger, no ids, or
+    ``REPLAYSAFE_DISABLED=1``) has no stable identity to give. Code that also runs outside a
+    protected call uses ``current_call_or_none()``.
+    """
+    call = _current.get()
+    if call is None:
+        from ._errors import NoCurrentCallError
+
+        raise NoCurrentCallError(
+            "current_call() was called outside a protected call, so there is no stable call identity. Call the "
+            "tool under tool_call(thread_id=..., message_id=..., tool_call_id=...) or an adapter with a ledger "
+            "configured; in code that also runs unprotected, use replaysafe.current_call_or_none()."
+        )
+    return call
+
+
+def current_call_or_none() -> CallInfo | None:
+    """Like ``current_call()``, but ``None`` outside a protected call."""
     return _current.get()

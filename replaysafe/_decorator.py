@@ -29,6 +29,13 @@ OnMissingIds = Literal["warn", "raise"]
 
 _DEFAULT_SERIALIZER = JsonSerializer()
 _warned_no_ledger = False
+_warned_disabled = False
+
+
+@_config.on_reset
+def _reset_warnings() -> None:
+    global _warned_no_ledger, _warned_disabled
+    _warned_no_ledger = _warned_disabled = False
 
 
 class _Tool:
@@ -92,6 +99,9 @@ class _Tool:
 
     def plan(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Plan | None:
         """The ledger, scope, argument digest and timeout of a protected call; ``None`` to run it plainly."""
+        if _config.disabled:
+            _warn_disabled(self.spec.name)
+            return None
         if _current.get() is not None:
             return None  # called from inside another protected tool, whose record covers it
         scope = _scope.get()
@@ -204,6 +214,19 @@ def _warn_no_ledger(tool_name: str) -> None:
             f"{_constants.LEDGER_URL_ENV}."
         )
         emit(EventKind.UNPROTECTED, message, tool_name=tool_name, key=None, level=10)
+        warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
+
+
+def _warn_disabled(tool_name: str) -> None:
+    global _warned_disabled
+    if not _warned_disabled:
+        _warned_disabled = True
+        message = (
+            f"{tool_name} and every other @replay_safe tool run WITHOUT replay protection: "
+            f"{_constants.DISABLED_ENV}=1 (or replaysafe.testing.disabled()) is in effect. Meant for unit tests of "
+            f"tool bodies; unset {_constants.DISABLED_ENV} anywhere side effects matter."
+        )
+        emit(EventKind.UNPROTECTED, message, tool_name=tool_name, key=None, level=30)
         warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
 
 
@@ -358,12 +381,18 @@ def is_replay_safe(function: object) -> bool:
 
     Adapters use it to leave decorated tools to their own protection.
     """
+    return tool_of(function) is not None
+
+
+def tool_of(function: object) -> _Tool | None:
+    """The protection ``@replay_safe`` put on ``function`` (through ``functools.wraps`` layers), if any."""
     for _ in range(32):
         function = getattr(function, "__func__", function)  # a staticmethod or classmethod
-        if isinstance(getattr(function, "_self_replaysafe_tool", None), _Tool):
-            return True
+        tool = getattr(function, "_self_replaysafe_tool", None)
+        if isinstance(tool, _Tool):
+            return tool
         unwrapped = getattr(function, "__wrapped__", None)
         if unwrapped is None or unwrapped is function:
-            return False
+            return None
         function = unwrapped
-    return False
+    return None

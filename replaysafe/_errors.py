@@ -44,6 +44,10 @@ class ReplayMismatchError(ReplaySafeError):
     """The call key is recorded for a different tool or different arguments."""
 
 
+class NoCurrentCallError(ReplaySafeError, LookupError):
+    """``current_call()`` was called outside a protected call."""
+
+
 class CallInProgressError(ReplaySafeError):
     """Another live worker still runs this call and did not finish within the wait."""
 

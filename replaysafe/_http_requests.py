@@ -18,6 +18,9 @@ class IdempotencyKeyAdapter(HTTPAdapter):
     what is keyed, and every other argument goes to ``HTTPAdapter`` (``max_retries=``, ...).
     """
 
+    idempotency_header: str
+    idempotency_methods: frozenset[str]
+
     def __init__(self, *args: Any, header: str = HEADER, methods: Iterable[str] = METHODS, **kwargs: Any) -> None:
         self.idempotency_header, self.idempotency_methods = _settings(header, methods)
         super().__init__(*args, **kwargs)

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from ._context import CallInfo, current_call
+from ._context import CallInfo, current_call_or_none
 
 if TYPE_CHECKING:
     import httpx
@@ -110,7 +110,7 @@ def next_request_key() -> str | None:
     Each call takes the next ordinal, exactly as the hooks do: use it for a client the hooks do not
     cover (``aiohttp``, an SDK's ``idempotency_key=`` option) inside a tool that makes several requests.
     """
-    call = current_call()
+    call = current_call_or_none()
     if call is None:
         return None
     return request_idempotency_key(call, next(_ordinals_of(call).counter))

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 import replaysafe
-from replaysafe import _config, _decorator
+import replaysafe.testing
 from replaysafe.ledgers import Ledger, MemoryLedger
 
 from . import servers
@@ -169,12 +169,13 @@ def memory_ledger() -> MemoryLedger:
 
 
 @pytest.fixture(autouse=True)
-def _isolate_global_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test sees another's default ledger, env var or once-per-process warning."""
+def _isolate_global_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No test sees another's default ledger, timeouts, env vars or once-per-process warnings."""
     monkeypatch.delenv("REPLAYSAFE_LEDGER_URL", raising=False)
-    monkeypatch.setattr(_config, "_default", None)
-    monkeypatch.setattr(_config, "_from_env", None)
-    monkeypatch.setattr(_decorator, "_warned_no_ledger", False)
+    monkeypatch.delenv("REPLAYSAFE_DISABLED", raising=False)
+    replaysafe.testing.reset()
+    yield
+    replaysafe.testing.reset()
 
 
 @pytest.fixture

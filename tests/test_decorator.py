@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from replaysafe import ArgumentDigestError, MemoryLedger, current_call, replay_safe, tool_call
+from replaysafe import ArgumentDigestError, MemoryLedger, current_call, current_call_or_none, replay_safe, tool_call
 
 
 def ids() -> tuple[str, str, str]:
@@ -63,7 +63,7 @@ def test_callable_outside_any_tool_call(memory_ledger: MemoryLedger) -> None:
 
     @replay_safe(ledger=memory_ledger)
     def tool(x: int) -> int:
-        assert current_call() is None
+        assert current_call_or_none() is None
         return x * 2
 
     with pytest.warns(UserWarning, match="tool ran WITHOUT replay protection"):
@@ -136,7 +136,7 @@ def test_current_call_inside_the_tool(memory_ledger: MemoryLedger) -> None:
     assert info.args == ("1",)
     assert info.kwargs == {"amount": 3.0}
     assert info.idempotency_key.startswith("rs-")
-    assert current_call() is None
+    assert current_call_or_none() is None
 
 
 def test_idempotency_key_is_stable_and_distinct(memory_ledger: MemoryLedger) -> None:

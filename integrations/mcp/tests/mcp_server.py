@@ -25,7 +25,7 @@ from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools.base import ToolResult
 from mcp.types import ToolAnnotations
 
-from replaysafe import SqliteLedger, current_call
+from replaysafe import SqliteLedger, current_call_or_none
 from replaysafe_mcp import ReplaySafeMiddleware
 
 CONTROL = Path(sys.argv[1])
@@ -68,7 +68,7 @@ def build() -> FastMCP:
     @server.tool(annotations=ToolAnnotations(destructive_hint=True, idempotent_hint=False))
     async def refund(order_id: str, amount: float) -> dict[str, Any]:
         """Refund an order: the side effect the tests count."""
-        call = current_call()
+        call = current_call_or_none()
         append(f"refund {order_id} attempt={call.attempt if call else 0} pid={os.getpid()}")
         if (CONTROL / "block").exists():
             (CONTROL / "started").write_text(str(os.getpid()))

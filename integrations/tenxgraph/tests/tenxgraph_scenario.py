@@ -27,7 +27,7 @@ from tenxgraph.storage.checkpointer import BaseCheckpointer
 from tenxgraph.utils.callbacks import CallbackContext, CallbackManager, InvocationType
 from tenxgraph.utils.constants import END
 
-from replaysafe import Ledger, current_call
+from replaysafe import Ledger, current_call_or_none
 from replaysafe_tenxgraph import replay_safe_tools
 
 Variant = Literal["adapter", "unprotected"]
@@ -104,7 +104,7 @@ def _kill() -> None:
 def build_app(spec: Spec, checkpointer: BaseCheckpointer[Any], ledger: Ledger | None) -> CompiledGraph[Any]:
     def refund_order(order_id: str, amount: float) -> str:
         """Refund an order. Moves money, so it must not run twice for one request."""
-        call = current_call()
+        call = current_call_or_none()
         identity = f"attempt={call.attempt} key={call.idempotency_key}" if call else "unprotected"
         append(spec.effects, f"refund {order_id} {identity}")
         if spec.kill == "in_tool":

@@ -9,7 +9,7 @@ import anyio
 from mcp import ClientSession
 from mcp.types import CallToolResult, PaginatedRequestParams, Tool, ToolAnnotations
 
-from replaysafe import InDoubt, Ledger, ResultEncodingError, current_call, replay_safe
+from replaysafe import InDoubt, Ledger, ResultEncodingError, current_call_or_none, replay_safe
 from replaysafe.http import next_request_key
 
 #: The request ``_meta`` entry that carries the call's idempotency key to the server.
@@ -47,7 +47,7 @@ _SERIALIZER = CallToolResultSerializer()
 
 async def _call_tool(name: str, arguments: dict[str, Any], send: Send) -> CallToolResult:
     """The body the session protects: one tools/call, keyed with the protected call's idempotency key."""
-    call = current_call()
+    call = current_call_or_none()
     assert call is not None  # only ever run as a protected call
     return await send(call.idempotency_key)
 
@@ -108,7 +108,7 @@ class ReplaySafeSession:
             result = await self.__wrapped__.call_tool(name, arguments, *args, meta=_with_key(meta, key), **kwargs)
             return cast(CallToolResult, result)
 
-        if current_call() is not None:
+        if current_call_or_none() is not None:
             # Inside another protected tool: its record covers this call. The request still carries a key,
             # the enclosing call's key plus its ordinal, so that a keyed server dedupes it.
             return await send(next_request_key())

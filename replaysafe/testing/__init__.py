@@ -1,0 +1,31 @@
+"""Helpers for testing code that uses replaysafe (the pytest plugin builds on them).
+
+- ``reset()`` puts replaysafe's process-wide state back as a fresh import has it.
+- ``disabled()`` makes every protected tool run plainly inside a block, as
+  ``REPLAYSAFE_DISABLED=1`` does for a whole process: for unit tests of tool bodies.
+- ``record_calls()`` counts, per tool, how often its body ran and how often a recorded
+  result was replayed instead.
+- ``run_in_child()`` runs a function in a new Python process and, with ``kill_at=``,
+  SIGKILLs it when it reaches ``kill_point(name)``: a crash-and-resume test in a few lines.
+
+The pytest plugin (loaded automatically once replaysafe is installed) adds the fixtures
+``replaysafe_ledger`` (a fresh ``MemoryLedger`` as the default ledger for one test) and
+``replaysafe_calls`` (``record_calls()`` around one test).
+"""
+
+from __future__ import annotations
+
+from ._calls import CallLog, record_calls
+from ._child import ChildError, ChildRun, kill_point, run_in_child
+from ._state import disabled, reset
+
+__all__ = [
+    "CallLog",
+    "ChildError",
+    "ChildRun",
+    "disabled",
+    "kill_point",
+    "record_calls",
+    "reset",
+    "run_in_child",
+]

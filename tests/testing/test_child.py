@@ -1,0 +1,80 @@
+"""run_in_child + kill_point: real SIGKILLs in real child processes, resumed in new ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from replaysafe.testing import ChildError, kill_point, run_in_child
+
+from . import crash_scenario
+
+
+def _effects(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+def test_killed_after_the_tool_then_resumed_replays(tmp_path: Path) -> None:
+    """The process dies after the tool's result was recorded: the resumed run replays it."""
+    url, effects = f"sqlite:///{tmp_path / 'ledger.db'}", tmp_path / "effects.txt"
+    first = run_in_child(crash_scenario.refund_step, url, str(effects), kill_at="after_the_tool")
+    assert first.killed and first.killed_at == "after_the_tool" and first.value is None
+    assert first.returncode == -9
+    second = run_in_child(crash_scenario.refund_step, url, str(effects))
+    assert not second.killed
+    assert second.value == "refunded o-1"
+    assert len(_effects(effects)) == 1  # counted outside both processes
+
+
+def test_killed_inside_the_tool_is_in_doubt(tmp_path: Path) -> None:
+    """Killed after the side effect, before the record: the resume applies the in-doubt policy."""
+    url, effects = f"sqlite:///{tmp_path / 'ledger.db'}", tmp_path / "effects.txt"
+    run_in_child(
+        crash_scenario.refund_step, url, str(effects), "raise", kill_inside=True, kill_at="after_the_side_effect"
+    )
+    with pytest.raises(ChildError) as raised:
+        run_in_child(crash_scenario.refund_step, url, str(effects), "raise")
+    assert raised.value.type_name == "replaysafe._errors.CallInDoubtError"
+    assert "CallInDoubtError" in raised.value.child_traceback
+    assert len(_effects(effects)) == 1
+    # The default policy runs it again, with the same idempotency key for the provider.
+    assert run_in_child(crash_scenario.refund_step, url, str(effects)).value == "refunded o-1"
+    first, second = _effects(effects)
+    assert first.split()[-1] == second.split()[-1]
+
+
+def test_an_async_function_runs_under_asyncio() -> None:
+    assert run_in_child(crash_scenario.async_step, 21).value == 42
+
+
+def test_an_error_in_the_child_is_raised_with_its_traceback() -> None:
+    with pytest.raises(ChildError, match=r"raised builtins\.ValueError") as raised:
+        run_in_child(crash_scenario.failing_step)
+    assert raised.value.type_name == "builtins.ValueError"
+    assert "the step failed" in raised.value.child_traceback
+
+
+def test_a_value_json_cannot_carry_is_an_error() -> None:
+    with pytest.raises(ChildError, match="TypeError"):
+        run_in_child(crash_scenario.returns_a_set)
+
+
+def test_a_kill_point_never_reached_is_an_error(tmp_path: Path) -> None:
+    url, effects = f"sqlite:///{tmp_path / 'ledger.db'}", tmp_path / "effects.txt"
+    with pytest.raises(ChildError, match="without reaching kill_point\\('nowhere'\\)"):
+        run_in_child(crash_scenario.refund_step, url, str(effects), kill_at="nowhere")
+
+
+def test_a_function_the_child_cannot_import_is_refused() -> None:
+    def local() -> None:
+        pass
+
+    with pytest.raises(TypeError, match="top level of a module"):
+        run_in_child(local)
+    with pytest.raises(TypeError, match="top level of a module"):
+        run_in_child(lambda: None)
+
+
+def test_a_kill_point_outside_a_child_does_nothing() -> None:
+    kill_point("after_the_tool")  # this process is still here
