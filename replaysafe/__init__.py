@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._codec import JsonSerializer, Serializer
-from ._config import set_default_ledger, set_default_timeouts
+from ._config import register_pause, set_default_ledger, set_default_timeouts
 from ._context import CallInfo, InDoubt, current_call, current_call_or_none, node, tool_call
 from ._core import RERUN
 from ._decorator import is_replay_safe, replay_safe
@@ -79,6 +79,7 @@ __all__ = [
     "node",
     "on_event",
     "open_ledger",
+    "register_pause",
     "replay_safe",
     "set_default_ledger",
     "set_default_timeouts",

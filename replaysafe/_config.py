@@ -1,4 +1,4 @@
-"""Process-wide settings: the default ledger, the global timeouts, the test switch."""
+"""Process-wide settings: the default ledger, the global timeouts, the registered pauses, the test switch."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ _lock = threading.Lock()
 #: The global timeouts (seconds, ``None`` for none); see ``set_default_timeouts``.
 default_tool_timeout: float | None = TOOL_TIMEOUT
 default_node_timeout: float | None = NODE_TIMEOUT
+#: Exceptions that pause every protected call (``register_pause``).
+pauses: tuple[type[BaseException], ...] = ()
 
 
 def _disabled_by_environment() -> bool:
@@ -98,6 +100,24 @@ def set_default_timeouts(*, tool_timeout: float | None = UNSET, node_timeout: fl
         default_tool_timeout = timeout_setting(tool_timeout, "tool_timeout")
     if node_timeout is not UNSET:
         default_node_timeout = timeout_setting(node_timeout, "node_timeout")
+
+
+def register_pause(*exceptions: type[BaseException]) -> None:
+    """Treat ``exceptions`` (and their subclasses) as pauses in every protected call.
+
+    A pause is how a framework stops a tool for a human or an external event
+    (LangGraph's ``GraphInterrupt``, Pydantic AI's ``ApprovalRequired``): the call is
+    recorded as paused, neither failed nor in doubt, its completed steps are kept, and
+    the next call of the same key runs the tool again with those steps replaying.
+    Adapters register their framework's pauses; ``@replay_safe(pause_on=...)`` adds
+    pauses for one tool. Registering a type twice has no further effect.
+    """
+    global pauses
+    for exception in exceptions:
+        if not (isinstance(exception, type) and issubclass(exception, BaseException)):
+            raise TypeError(f"register_pause() takes exception classes, got {exception!r}")
+    with _lock:
+        pauses = (*pauses, *(e for e in dict.fromkeys(exceptions) if e not in pauses))
 
 
 def _new_lock_in_child() -> None:

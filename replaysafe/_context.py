@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
@@ -52,6 +53,8 @@ class CallScope(NamedTuple):
     pauses: tuple[type[BaseException], ...] = ()
     tool_timeout: float | None = UNSET
     in_doubt: InDoubt | None = None
+    #: The protected call this one is a step of, ``None`` for a call of its own.
+    parent: CallInfo | None = None
 
 
 class NodeScope(NamedTuple):
@@ -73,6 +76,8 @@ class CallInfo(NamedTuple):
     attempt: int
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = MappingProxyType({})
+    #: The call this one is a step of (a protected call made inside it); ``None`` otherwise.
+    parent: CallInfo | None = None
 
     @property
     def key(self) -> CallKey:
@@ -84,6 +89,40 @@ class CallInfo(NamedTuple):
         from ._identity import call_idempotency_key  # computed only when asked for: it costs a digest
 
         return call_idempotency_key(self.thread_id, self.message_id, self.tool_call_id, self.tool_name)
+
+
+class RunningCall(CallInfo):
+    """The ``CallInfo`` of one execution of a protected call: it numbers the steps made inside it.
+
+    A tuple subclass without ``__slots__`` has a ``__dict__``: the execution's state lives
+    there, out of the public fields, and follows the object wherever ``current_call()`` is
+    set (each chunk of a stream, a worker thread's copied context).
+    """
+
+    scope: CallScope
+    _ordinals: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls, scope: CallScope, tool_name: str, attempt: int, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> RunningCall:
+        key = scope.key
+        call = cls(key.thread_id, key.message_id, key.tool_call_id, tool_name, attempt, args, kwargs, scope.parent)
+        call.scope = scope
+        return call
+
+    def next_ordinal(self, tool_name: str) -> int:
+        """1 for this execution's first step named ``tool_name``, then 2, 3...; thread-safe."""
+        ordinals = self.__dict__.get("_ordinals")
+        if ordinals is None:
+            ordinals = self.__dict__.setdefault("_ordinals", {})
+        counter = ordinals.get(tool_name)
+        if counter is None:
+            counter = ordinals.setdefault(tool_name, itertools.count(1))
+        return next(counter)  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return "CallInfo" + super().__repr__().removeprefix(type(self).__name__)
 
 
 _scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar("replaysafe_scope", default=None)

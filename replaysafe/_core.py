@@ -26,7 +26,7 @@ from typing import Any, Literal
 from . import _constants, _unrecorded
 from ._clock import utcnow
 from ._codec import JsonSerializer, Reviver, Serializer, reviver_for
-from ._context import CallInfo, CallScope, InDoubt
+from ._context import CallInfo, CallScope, InDoubt, RunningCall
 from ._errors import (
     CallInDoubtError,
     CallInProgressError,
@@ -43,6 +43,7 @@ from ._errors import (
 )
 from ._events import EventKind, emit, wanted
 from ._identity import call_idempotency_key
+from ._keys import BUSINESS_THREAD_ID, step_parent
 from ._owners import owner_alive, owner_token
 from ._records import CallKey, ClaimResult, Record, Status
 from ._sealing import Sealer, unsealed
@@ -250,6 +251,7 @@ class Verdict(enum.Enum):
     RAISE_RECORDED = "raise_recorded"  # failed and recorded: raise RecordedToolError
     WAIT = "wait"  # a live owner runs it: wait for its result
     IN_DOUBT = "in_doubt"  # its owner died or gave up mid-call
+    RESUME = "resume"  # paused: run it again, its completed steps replaying
 
 
 def owner_is_alive(record: Record, now: datetime) -> bool:
@@ -267,6 +269,8 @@ def judge(record: Record, now: datetime) -> Verdict:
         return Verdict.REPLAY
     if record.status is Status.FAILED:
         return Verdict.RAISE_RECORDED
+    if record.status is Status.PAUSED:
+        return Verdict.RESUME
     if record.status is Status.RUNNING and owner_is_alive(record, now):
         return Verdict.WAIT
     return Verdict.IN_DOUBT
@@ -276,11 +280,23 @@ def _check_same_call(spec: ToolSpec, record: Record, args_digest: str) -> None:
     if record.tool_name == spec.name and record.args_digest == args_digest:
         return
     what = f"tool {record.tool_name!r}" if record.tool_name != spec.name else "the same tool with other arguments"
-    message = (
-        f"{describe(spec.name, record.key)}: this call key is already recorded for {what}, so nothing ran. "
-        "One key must identify one tool call: use a distinct tool_call_id (or message_id) per call, or "
-        "exclude non-data arguments from the digest with @replay_safe(exclude_args=...)."
-    )
+    if record.key.thread_id == BUSINESS_THREAD_ID:
+        fix = (
+            "A business key names one operation: the same key with other arguments is another request under "
+            "a used key. Give it a new key, or exclude non-data arguments with @replay_safe(exclude_args=...)."
+        )
+    elif step_parent(record.key, record.tool_name) is not None:
+        fix = (
+            "A step is found again by its position in its parent call: the tool made a different call at "
+            "the same position, so it is not deterministic. Make the steps before this one depend only on "
+            "the parent's arguments and on the results of earlier steps."
+        )
+    else:
+        fix = (
+            "One key must identify one tool call: use a distinct tool_call_id (or message_id) per call, or "
+            "exclude non-data arguments from the digest with @replay_safe(exclude_args=...)."
+        )
+    message = f"{describe(spec.name, record.key)}: this call key is already recorded for {what}, so nothing ran. {fix}"
     emit(EventKind.MISMATCH, message, tool_name=spec.name, key=record.key, args_digest=args_digest)
     raise ReplayMismatchError(message, tool_name=spec.name, key=record.key)
 
@@ -345,17 +361,9 @@ def _resolve_command(key: CallKey) -> str:
 
 
 def _call_info(
-    spec: ToolSpec, key: CallKey, attempt: int, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    spec: ToolSpec, scope: CallScope, attempt: int, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> CallInfo:
-    return CallInfo(
-        thread_id=key.thread_id,
-        message_id=key.message_id,
-        tool_call_id=key.tool_call_id,
-        tool_name=spec.name,
-        attempt=attempt,
-        args=args,
-        kwargs=kwargs,
-    )
+    return RunningCall.of(scope, spec.name, attempt, args, kwargs)
 
 
 # --- phase 1: claim -----------------------------------------------------------------
@@ -375,7 +383,7 @@ def begin(
     owner = owner_token()
 
     def run(attempt: int) -> Run:
-        return Run(_call_info(spec, key, attempt, args, kwargs), owner, timeout, args_digest, sealer)
+        return Run(_call_info(spec, scope, attempt, args, kwargs), owner, timeout, args_digest, sealer)
 
     lease = spec.lease_for(timeout)
     deadline: float | None = None
@@ -385,7 +393,7 @@ def begin(
         try:
             found: ClaimResult = yield Claim(key, spec.name, args_digest, owner, now, now + lease)
         except LedgerError as exc:
-            return _unprotected(spec, key, exc, args, kwargs, timeout)
+            return _unprotected(spec, scope, exc, args, kwargs, timeout)
         record = found.record
         if record.key != key:
             _report_moved(spec, key, record)
@@ -424,9 +432,14 @@ def begin(
                 attempt=record.attempt,
             )
             raise error
-        if verdict is Verdict.IN_DOUBT:
-            policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
-            _report_in_doubt(spec, record, policy)
+        if verdict is Verdict.IN_DOUBT or verdict is Verdict.RESUME:
+            # A paused call is taken over as an in-doubt one is, without asking the policy:
+            # its owner stopped on purpose, at a point where nothing was left half done.
+            policy: InDoubt = "rerun"
+            if verdict is Verdict.IN_DOUBT:
+                policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
+            if verdict is Verdict.IN_DOUBT:
+                _report_in_doubt(spec, record, policy)
             if policy == "raise":
                 idempotency_key = call_idempotency_key(*key, spec.name)
                 raise CallInDoubtError(
@@ -441,7 +454,7 @@ def begin(
             try:
                 taken: Record | None = yield Takeover(record, owner, now, now + lease)
             except LedgerError as exc:
-                return _unprotected(spec, key, exc, args, kwargs, timeout)
+                return _unprotected(spec, scope, exc, args, kwargs, timeout)
             if taken is None:
                 continue  # another worker moved first: look again
             if callable(policy):
@@ -551,7 +564,7 @@ def _reconcile(spec: ToolSpec, reconciler: Reconciler, in_doubt: Run, attempt: i
 
 def _unprotected(
     spec: ToolSpec,
-    key: CallKey,
+    scope: CallScope,
     exc: LedgerError,
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
@@ -562,6 +575,7 @@ def _unprotected(
     Only a transient fault may run the tool unprotected: a permanent one (a bad URL, a
     missing table, a denied permission) would do so on every call, so it always raises.
     """
+    key = scope.key
     if spec.on_ledger_error == "raise" or exc.permanent:
         emit(EventKind.LEDGER_ERROR, str(exc), tool_name=spec.name, key=key)
         raise exc
@@ -573,7 +587,7 @@ def _unprotected(
         key=key,
         level=30,  # WARNING: the call goes on
     )
-    return Run(_call_info(spec, key, 1, args, kwargs), None, timeout)
+    return Run(_call_info(spec, scope, 1, args, kwargs), None, timeout)
 
 
 # --- phase 2: record ------------------------------------------------------------------
@@ -657,12 +671,24 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         if exc.still_running:
             return  # the claim stays: the tool may still finish and record its result
         yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
-    elif not isinstance(exc, scope.pauses) and not isinstance(exc, Exception):
+    elif isinstance(exc, scope.pauses):
+        # A pause (human in the loop) is not an outcome: the call is kept as paused, with its
+        # completed steps, for the resume. Checked before the BaseException rule below: some
+        # frameworks' pauses are BaseExceptions (10xGraph's GraphInterrupt).
+        yield from _finish(spec, run, Status.PAUSED, None, fail_closed=False)
+        emit(
+            EventKind.PAUSED,
+            f"{describe(spec.name, key)} paused ({type(exc).__name__}); the next call of the same key runs it "
+            "again, and its completed steps replay",
+            tool_name=spec.name,
+            key=key,
+            attempt=run.call.attempt,
+        )
+    elif not isinstance(exc, Exception):
         # Cancelled, interrupted, or a stream closed early: whether the side effect happened is unknown.
-        # A pause is checked first: some frameworks' pauses are BaseExceptions (10xGraph's GraphInterrupt).
         yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
-    elif isinstance(exc, scope.pauses) or not isinstance(exc, spec.record_errors):
-        # A pause (human in the loop) is not an outcome; other errors free the call for a retry.
+    elif not isinstance(exc, spec.record_errors):
+        # Other errors free the call for a retry.
         try:
             yield Release(key, run.owner)
         except LedgerError as error:
@@ -690,7 +716,7 @@ def _finish(
     key, owner = run.call.key, run.owner
     assert owner is not None
     # A finished record is sealed even without a result: on read, an unsealed one is a forgery.
-    if run.sealer is not None and (encoded is not None or status is not Status.IN_DOUBT):
+    if run.sealer is not None and (encoded is not None or status not in (Status.IN_DOUBT, Status.PAUSED)):
         encoded = run.sealer.seal(key, spec.name, run.args_digest, status, encoded)
     try:
         recorded = yield Complete(key, owner, status, encoded, utcnow())

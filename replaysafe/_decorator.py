@@ -14,12 +14,24 @@ import wrapt
 from . import _config, _constants
 from ._codec import JsonSerializer, Serializer
 from ._config import default_ledger
-from ._context import UNSET, CallScope, InDoubt, _current, _node, _scope, check_in_doubt, timeout_setting
+from ._context import (
+    UNSET,
+    CallInfo,
+    CallScope,
+    InDoubt,
+    RunningCall,
+    _current,
+    _node,
+    _scope,
+    check_in_doubt,
+    timeout_setting,
+)
 from ._core import OnLedgerError, ToolSpec, effective_timeout, replay
 from ._drivers import Plan, adrive, drive
 from ._errors import MissingCallIdError, ToolTimeoutError, UnprotectedCallWarning, describe
 from ._events import EventKind, emit
 from ._identity import SignatureDigest, args_digest
+from ._keys import args_key, business_key, step_key
 from ._records import CallKey
 from ._streaming import astream, stream
 from .ledgers import Ledger
@@ -38,6 +50,11 @@ def _reset_warnings() -> None:
     _warned_no_ledger = _warned_disabled = False
 
 
+#: What identifies a tool's calls: the framework's ids (``"call"``, the default), the thread
+#: and arguments (``"args"``), or a business key computed from the arguments (a callable).
+KeyChoice = Literal["call", "args"] | Callable[..., Any]
+
+
 class _Tool:
     """One decorated tool: its protocol settings and how its arguments bind."""
 
@@ -46,8 +63,10 @@ class _Tool:
         "_digests",
         "_signatures",
         "exclude_args",
+        "key",
         "ledger",
         "on_missing_ids",
+        "pause_on",
         "spec",
         "timeout",
         "warned_missing",
@@ -60,12 +79,16 @@ class _Tool:
         timeout: float | None,
         on_missing_ids: OnMissingIds,
         exclude_args: tuple[str, ...],
+        key: KeyChoice = "call",
+        pause_on: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.spec = spec
         self.ledger = ledger
         self.timeout = timeout
         self.on_missing_ids = on_missing_ids
         self.exclude_args = exclude_args
+        self.key = key
+        self.pause_on = pause_on
         self.warned_missing = False
         signature = inspect.signature(spec.function)
         unknown = [name for name in exclude_args if name not in signature.parameters]
@@ -85,35 +108,76 @@ class _Tool:
         arguments = binder.bind(args, kwargs) if binder is not None else None
         if arguments is not None:
             return self._digests[method](arguments, self.spec.name)
-        # The general case, and every call the function would reject.
+        arguments = self._bind(method, args, kwargs)
+        for name in self.exclude_args:
+            arguments.pop(name, None)
+        return args_digest(arguments, tool_name=self.spec.name)
+
+    def arguments(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name, defaults applied (what a key function is given)."""
+        method = instance is not None
+        binder = self._binders[method]
+        arguments = binder.bind(args, kwargs) if binder is not None else None
+        return arguments if arguments is not None else self._bind(method, args, kwargs)
+
+    def _bind(self, method: bool, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The general case, and every call the function would reject."""
         try:
             bound = self._signatures[method].bind(*args, **kwargs)
         except TypeError as exc:
             # inspect's text names the parameter, never a value; the tool's name says whose.
             raise TypeError(f"{self.spec.name}() {exc}") from None
         bound.apply_defaults()
-        arguments = bound.arguments
-        for name in self.exclude_args:
-            arguments.pop(name, None)
-        return args_digest(arguments, tool_name=self.spec.name)
+        return bound.arguments
 
     def plan(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Plan | None:
         """The ledger, scope, argument digest and timeout of a protected call; ``None`` to run it plainly."""
         if _config.disabled:
             _warn_disabled(self.spec.name)
             return None
-        if _current.get() is not None:
-            return None  # called from inside another protected tool, whose record covers it
-        scope = _scope.get()
+        parent = _current.get()
+        if parent is None:
+            scope = _scope.get()
+        elif isinstance(parent, RunningCall):
+            scope = parent.scope  # inside another protected call, its ledger, pauses and in-doubt policy carry over
+        else:
+            return None  # a CallInfo set by hand, not by a protected call: nothing to be a step of
         ledger = self.ledger or (scope.ledger if scope is not None else None) or default_ledger()
         if ledger is None:
             _warn_no_ledger(self.spec.name)
             return None
-        if scope is None or not all(scope.key):
-            self._missing_ids(scope.key if scope is not None else None)
-            return None
-        digest = self.digest(instance, args, kwargs)
-        return Plan(ledger, scope, digest, self._timeout(scope), getattr(ledger, "sealer", None))
+        name = self.spec.name
+        if self.key == "call":
+            if parent is not None:  # a step: its parent's key, its tool name and its ordinal
+                key = step_key(parent.key, name, parent.next_ordinal(name))
+            elif scope is None or not all(scope.key):
+                self._missing_ids(scope.key if scope is not None else None)
+                return None
+            else:
+                key = scope.key
+        elif self.key == "args":
+            if scope is None or not scope.key.thread_id:
+                self._missing_ids(scope.key if scope is not None else None, 'key="args" needs a thread id, and ')
+                return None
+            digest = self.digest(instance, args, kwargs)
+            return self._planned(scope, args_key(scope.key.thread_id, name, digest), ledger, digest, parent)
+        else:
+            key = business_key(name, self.key(**self.arguments(instance, args, kwargs)))
+        return self._planned(scope, key, ledger, self.digest(instance, args, kwargs), parent)
+
+    def _planned(
+        self, scope: CallScope | None, key: CallKey, ledger: Ledger, digest: str, parent: CallInfo | None
+    ) -> Plan:
+        pauses = self.pause_on + _config.pauses
+        if scope is None:
+            scope = CallScope(key, ledger, pauses)
+        elif key is not scope.key or ledger is not scope.ledger or pauses or parent is not None:
+            # The scope the protocol and this call's steps see: its own key, ledger and pauses.
+            scope = CallScope(key, ledger, scope.pauses + pauses, scope.tool_timeout, scope.in_doubt, parent)
+        # A call inside another runs under its parent's deadline: a timer of its own would
+        # replace the parent's (one SIGALRM per process) or move it to another thread.
+        timeout = None if parent is not None else self._timeout(scope)
+        return Plan(ledger, scope, digest, timeout, getattr(ledger, "sealer", None))
 
     def _timeout(self, scope: CallScope) -> float | None:
         """min(tool_timeout, time left in the node); the most specific setting wins."""
@@ -135,8 +199,8 @@ class _Tool:
             raise ToolTimeoutError(message, timeout=0.0, tool_name=self.spec.name, key=scope.key)
         return timeout
 
-    def _missing_ids(self, key: CallKey | None) -> None:
-        missing = "no tool_call(...) is set" if key is None else f"empty ids in ({key})"
+    def _missing_ids(self, key: CallKey | None, needed: str = "") -> None:
+        missing = needed + ("no tool_call(...) is set" if key is None else f"empty ids in ({key})")
         message = (
             f"{self.spec.name} ran WITHOUT replay protection: {missing}. Wrap the call in "
             "replaysafe.tool_call(thread_id, message_id, tool_call_id), or use an adapter that does."
@@ -249,6 +313,8 @@ def replay_safe(
     wait_timeout: float = _constants.WAIT_TIMEOUT,
     max_result_bytes: int = _constants.MAX_RESULT_BYTES,
     serializer: Serializer | None = None,
+    key: KeyChoice = "call",
+    pause_on: type[BaseException] | tuple[type[BaseException], ...] = (),
 ) -> Callable[[F], F]: ...
 
 
@@ -268,12 +334,18 @@ def replay_safe(
     wait_timeout: float = _constants.WAIT_TIMEOUT,
     max_result_bytes: int = _constants.MAX_RESULT_BYTES,
     serializer: Serializer | None = None,
+    key: KeyChoice = "call",
+    pause_on: type[BaseException] | tuple[type[BaseException], ...] = (),
 ) -> Any:
     """Protect a tool with side effects from running again when its call is replayed.
 
     Inside ``tool_call(thread_id, message_id, tool_call_id)`` the call is claimed in
     the ledger before the tool runs; a call already recorded returns its recorded
-    result without running. See docs/semantics.md for every rule and option.
+    result without running. A protected call made inside another is a step of it.
+    ``key`` chooses what identifies a call: ``"call"`` (the ids of ``tool_call``),
+    ``"args"`` (the thread id and the arguments) or a function of the arguments giving
+    a business key. ``pause_on`` names exceptions that pause the call instead of ending
+    it. See docs/semantics.md for every rule and option.
     """
     if func is None:
         return functools.partial(
@@ -290,6 +362,8 @@ def replay_safe(
             wait_timeout=wait_timeout,
             max_result_bytes=max_result_bytes,
             serializer=serializer,
+            key=key,
+            pause_on=pause_on,
         )
     function = getattr(func, "__func__", func)  # a staticmethod or classmethod object
     if not callable(function):
@@ -302,6 +376,11 @@ def replay_safe(
         raise ValueError(f"{where}: on_ledger_error must be 'warn' or 'raise'")
     if (lease is not None and lease <= 0) or wait_timeout < 0 or max_result_bytes <= 0:
         raise ValueError(f"{where}: lease and max_result_bytes must be > 0, wait_timeout >= 0")
+    if not (key in ("call", "args") or callable(key)):
+        raise ValueError(f"{where}: key must be 'call', 'args' or a function of the arguments, got {key!r}")
+    pauses = (pause_on,) if isinstance(pause_on, type) else tuple(pause_on)
+    if not all(isinstance(p, type) and issubclass(p, BaseException) for p in pauses):
+        raise TypeError(f"{where}: pause_on takes exception classes")
     if record_errors is True:
         recorded: tuple[type[BaseException], ...] = (Exception,)
     elif record_errors is False:
@@ -324,7 +403,7 @@ def replay_safe(
         function=function,
         streaming=is_stream,
     )
-    tool = _Tool(spec, ledger, timeout_setting(timeout, "timeout"), on_missing_ids, tuple(exclude_args))
+    tool = _Tool(spec, ledger, timeout_setting(timeout, "timeout"), on_missing_ids, tuple(exclude_args), key, pauses)
 
     # Sync, async, or streaming is chosen once, here, not on every call.
     if is_async_stream:

@@ -35,6 +35,7 @@ class EventKind(str, enum.Enum):
     MISMATCH = "mismatch"  # the key is recorded for another tool or other arguments
     TAMPERED = "tampered"  # a record's seal does not check
     UNPROTECTED = "unprotected"  # the tool ran without protection (no ids, no ledger)
+    PAUSED = "paused"  # the tool raised a pause; the next call of the same key resumes it
 
     def __str__(self) -> str:
         return self.value
@@ -66,6 +67,7 @@ _LEVELS = {
     EventKind.EXECUTED: logging.DEBUG,
     EventKind.REPLAYED: logging.DEBUG,
     EventKind.RECONCILED: logging.INFO,
+    EventKind.PAUSED: logging.INFO,
     EventKind.IN_DOUBT: logging.WARNING,
     EventKind.TIMEOUT: logging.WARNING,
     EventKind.UNPROTECTED: logging.WARNING,

@@ -33,7 +33,7 @@ from ._sealing import FINISHED, SIGNING_KEY_ENV, is_sealed, unsealed
 from .ledgers import Ledger, open_ledger
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_LEDGER, EXIT_DECLINED, EXIT_NO_KEY = 0, 1, 2, 3, 4, 5
-STATUSES = ("running", "completed", "failed", "in-doubt")
+STATUSES = ("running", "completed", "failed", "in-doubt", "paused")
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 

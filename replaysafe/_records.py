@@ -18,6 +18,9 @@ class Status(str, enum.Enum):
     FAILED = "failed"
     #: The owner gave up without knowing whether the side effect happened.
     IN_DOUBT = "in_doubt"
+    #: The tool raised a pause (a human in the loop): the next call of the same key runs it
+    #: again, as a new attempt, and its completed steps replay.
+    PAUSED = "paused"
 
     def __str__(self) -> str:
         return self.value

@@ -179,6 +179,15 @@ def _isolate_global_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture
+def events() -> Iterator[list[replaysafe.Event]]:
+    """Every event emitted while the test runs."""
+    seen: list[replaysafe.Event] = []
+    unsubscribe = replaysafe.on_event(seen.append)
+    yield seen
+    unsubscribe()
+
+
+@pytest.fixture
 def ids() -> replaysafe.tool_call:
     """A ``tool_call`` scope with ids unique to this test."""
     return replaysafe.tool_call(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")

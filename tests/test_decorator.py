@@ -7,7 +7,15 @@ import uuid
 
 import pytest
 
-from replaysafe import ArgumentDigestError, MemoryLedger, current_call, current_call_or_none, replay_safe, tool_call
+from replaysafe import (
+    ArgumentDigestError,
+    CallKey,
+    MemoryLedger,
+    current_call,
+    current_call_or_none,
+    replay_safe,
+    tool_call,
+)
 
 
 def ids() -> tuple[str, str, str]:
@@ -157,8 +165,8 @@ def test_idempotency_key_is_stable_and_distinct(memory_ledger: MemoryLedger) -> 
     assert keys[0] == keys[1] != keys[2]
 
 
-def test_nested_protected_call_runs_plainly(memory_ledger: MemoryLedger) -> None:
-    """A protected tool called from inside another runs under the outer call's record."""
+def test_nested_protected_call_is_a_step_of_the_outer_call(memory_ledger: MemoryLedger) -> None:
+    """A protected tool called from inside another is recorded as a step of the outer call."""
 
     @replay_safe(ledger=memory_ledger)
     def inner() -> str:
@@ -171,7 +179,9 @@ def test_nested_protected_call_runs_plainly(memory_ledger: MemoryLedger) -> None
     key = ids()
     with tool_call(*key):
         assert outer() == "inner+outer"
-    assert [r.tool_name for r in memory_ledger.records()] == ["outer"]
+    records = list(memory_ledger.records())
+    assert [r.tool_name for r in records] == ["outer", "inner"]
+    assert records[1].key == CallKey(key[0], key[1], f"{key[2]}>inner#1")
 
 
 def test_non_data_argument_gives_a_clear_error(memory_ledger: MemoryLedger) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -19,14 +18,6 @@ from replaysafe import (
     replay_safe,
     tool_call,
 )
-
-
-@pytest.fixture
-def events() -> Iterator[list[Event]]:
-    seen: list[Event] = []
-    unsubscribe = on_event(seen.append)
-    yield seen
-    unsubscribe()
 
 
 def test_executed_replayed_mismatch_unprotected(memory_ledger: MemoryLedger, events: list[Event]) -> None:

@@ -335,8 +335,8 @@ def test_record_errors_with_types_records_only_those(ledger: Ledger) -> None:
     assert ledger.get(CallKey(*broken)) is None
 
 
-def test_a_pause_is_released_even_with_record_errors(ledger: Ledger) -> None:
-    """An exception named in tool_call(pauses=...) releases the claim instead of recording it."""
+def test_a_pause_is_kept_as_paused_even_with_record_errors(ledger: Ledger) -> None:
+    """An exception named in tool_call(pauses=...) leaves the call paused instead of recording it failed."""
 
     class Interrupt(Exception):
         pass
@@ -353,14 +353,17 @@ def test_a_pause_is_released_even_with_record_errors(ledger: Ledger) -> None:
     ids = new_ids()
     with tool_call(*ids, pauses=(Interrupt,)), pytest.raises(Interrupt):
         approve()
-    assert ledger.get(CallKey(*ids)) is None
+    paused = ledger.get(CallKey(*ids))
+    assert paused is not None and paused.status is Status.PAUSED and paused.result is None
     with tool_call(*ids, pauses=(Interrupt,)):
         assert approve() == "approved"
+    resumed = ledger.get(CallKey(*ids))
+    assert resumed is not None and resumed.status is Status.COMPLETED and resumed.attempt == 2
 
 
 @pytest.mark.parametrize("in_thread", [False, True], ids=["main-thread", "worker-thread"])
-def test_a_pause_that_is_a_base_exception_is_released_not_in_doubt(ledger: Ledger, in_thread: bool) -> None:
-    """A pause deriving from BaseException (10xGraph's GraphInterrupt) releases the claim too."""
+def test_a_pause_that_is_a_base_exception_is_paused_not_in_doubt(ledger: Ledger, in_thread: bool) -> None:
+    """A pause deriving from BaseException (10xGraph's GraphInterrupt) leaves the call paused too."""
 
     class GraphInterrupt(BaseException):
         pass
@@ -385,7 +388,8 @@ def test_a_pause_that_is_a_base_exception_is_released_not_in_doubt(ledger: Ledge
             pool.submit(first_call).result(timeout=60)
     else:
         first_call()
-    assert ledger.get(CallKey(*ids)) is None
+    paused = ledger.get(CallKey(*ids))
+    assert paused is not None and paused.status is Status.PAUSED
     with tool_call(*ids, pauses=(GraphInterrupt,)):
         assert approve() == "approved"
     assert runs == [1, 1]

@@ -280,7 +280,7 @@ class LedgerBase:
         serializer: Serializer | None = None,
         force: bool = False,
     ) -> Record | None:
-        """Settle an in-doubt call by hand, after checking with the provider.
+        """Settle an in-doubt (or paused) call by hand, after checking with the provider.
 
         ``result=...`` records it as the call's result (a replay returns it, the tool
         does not run); ``rerun=True`` removes the record, so the next replay runs the
@@ -295,7 +295,7 @@ class LedgerBase:
             raise LookupError(f"no record for {key}: nothing to resolve")
         # A finished call whose result was not recorded (or cannot be read) is settled here too.
         unrecorded = record.status is Status.COMPLETED and _unrecorded.parse(unsealed(record.result)) is not None
-        if record.status not in (Status.RUNNING, Status.IN_DOUBT) and not (unrecorded or force):
+        if record.status not in (Status.RUNNING, Status.IN_DOUBT, Status.PAUSED) and not (unrecorded or force):
             raise ValueError(
                 f"the call {key} is already {record.status}; to allow a rerun, delete its record "
                 f"({ledger_command('delete', key)}), or settle it anyway ({ledger_command('resolve', key)} "

@@ -1,0 +1,61 @@
+"""The keys of calls that do not take theirs from ``tool_call(...)``: steps, ``key="args"``, business keys.
+
+Each is a plain ``CallKey``, so every ledger stores it as it stores any call. Their
+values must never change: a stored record and the idempotency key handed to a
+provider are found again through them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ._errors import ArgumentDigestError
+from ._identity import args_digest
+from ._records import CallKey
+
+#: The message id of calls keyed by ``key="args"`` (thread id, tool name, argument digest).
+ARGS_MESSAGE_ID = "replaysafe:args"
+#: The thread id of calls keyed by a business key: scoped to the tool, across threads.
+BUSINESS_THREAD_ID = "replaysafe:key"
+# A step's call id: its parent's, then ">" the step's tool name "#" its ordinal.
+_STEP_SUFFIX = re.compile(r"#([1-9][0-9]*)\Z")
+
+
+def step_key(parent: CallKey, tool_name: str, ordinal: int) -> CallKey:
+    """The key of the ``ordinal``-th step named ``tool_name`` made inside the call ``parent``."""
+    return CallKey(parent.thread_id, parent.message_id, f"{parent.tool_call_id}>{tool_name}#{ordinal}")
+
+
+def step_parent(key: CallKey, tool_name: str) -> CallKey | None:
+    """The parent's key if ``key`` is the key of a step named ``tool_name``, else ``None``."""
+    match = _STEP_SUFFIX.search(key.tool_call_id)
+    if match is None:
+        return None
+    head = key.tool_call_id[: match.start()]
+    suffix = f">{tool_name}"
+    if not head.endswith(suffix) or len(head) == len(suffix):
+        return None
+    return CallKey(key.thread_id, key.message_id, head[: -len(suffix)])
+
+
+def args_key(thread_id: str, tool_name: str, digest: str) -> CallKey:
+    """``key="args"``: one call per thread, tool and arguments, whatever its message and call ids."""
+    return CallKey(thread_id, ARGS_MESSAGE_ID, f"{tool_name}:{digest}")
+
+
+def business_key(tool_name: str, value: Any) -> CallKey:
+    """``key=callable``: the tool's calls whose key function gave ``value``, in every thread.
+
+    Only a digest of ``value`` is stored: the key is made of arguments, and a call's key is
+    quoted in messages and logs, which never carry argument values.
+    """
+    try:
+        digest = args_digest({"key": value}, tool_name=tool_name)
+    except ArgumentDigestError:
+        raise ArgumentDigestError(
+            f"the key function of {tool_name} returned a {type(value).__name__}, which has no stable digest. "
+            "Return data: a str, an int, or a tuple of them (an order id, a customer and an invoice number).",
+            tool_name=tool_name,
+        ) from None
+    return CallKey(BUSINESS_THREAD_ID, tool_name, digest)

@@ -1,0 +1,178 @@
+"""Pauses: a tool that stops for a human is kept paused with its completed steps, on every ledger."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from replaysafe import (
+    CallKey,
+    Event,
+    EventKind,
+    Ledger,
+    Status,
+    _config,
+    register_pause,
+    replay_safe,
+    tool_call,
+)
+
+
+class NeedsApproval(Exception):
+    """What a framework raises to stop a tool until a human answers."""
+
+
+class GraphInterrupt(BaseException):
+    """A pause that is a BaseException, as some frameworks' are."""
+
+
+@pytest.fixture
+def no_registered_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_config, "pauses", ())
+
+
+def new_ids() -> tuple[str, str, str]:
+    return (f"thread-{uuid.uuid4().hex[:10]}", "msg_1", "call_1")
+
+
+def test_a_refund_then_a_pause_refunds_once_on_resume(ledger: Ledger, events: list[Event]) -> None:
+    """The trial's case: refund (a step), then ask for approval (a pause), then resume: one refund."""
+    refunds: list[str] = []
+    approvals = iter([None, "yes"])
+
+    @replay_safe(ledger=ledger)
+    def refund(order_id: str) -> str:
+        refunds.append(order_id)
+        return f"re_{order_id}"
+
+    @replay_safe(ledger=ledger, pause_on=NeedsApproval)
+    def refund_and_confirm(order_id: str) -> str:
+        receipt = refund(order_id)
+        answer = next(approvals)
+        if answer is None:
+            raise NeedsApproval("waiting for a human")
+        return f"{receipt} approved {answer}"
+
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(NeedsApproval):
+        refund_and_confirm("o1")
+    paused = ledger.get(CallKey(*ids))
+    assert paused is not None and paused.status is Status.PAUSED and paused.result is None
+    step = ledger.get(CallKey(ids[0], ids[1], f"{ids[2]}>refund#1"))
+    assert step is not None and step.status is Status.COMPLETED
+    assert [e.kind for e in events if e.key == CallKey(*ids)] == [EventKind.PAUSED]
+    with tool_call(*ids):
+        assert refund_and_confirm("o1") == "re_o1 approved yes"
+    assert refunds == ["o1"]
+    done = ledger.get(CallKey(*ids))
+    assert done is not None and done.status is Status.COMPLETED and done.attempt == 2
+    with tool_call(*ids):
+        assert refund_and_confirm("o1") == "re_o1 approved yes"  # a replay, not a third run
+
+
+def test_register_pause_applies_to_every_tool(ledger: Ledger, no_registered_pauses: None) -> None:
+    runs: list[int] = []
+
+    @replay_safe(ledger=ledger, record_errors=True)
+    def approve() -> str:
+        runs.append(1)
+        if len(runs) == 1:
+            raise GraphInterrupt("waiting")
+        return "approved"
+
+    register_pause(GraphInterrupt)
+    register_pause(GraphInterrupt)  # twice: no effect
+    assert _config.pauses == (GraphInterrupt,)
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(GraphInterrupt):
+        approve()
+    record = ledger.get(CallKey(*ids))
+    assert record is not None and record.status is Status.PAUSED  # neither failed nor in doubt
+    with tool_call(*ids):
+        assert approve() == "approved"
+    assert runs == [1, 1]
+
+
+def test_register_pause_refuses_what_is_not_an_exception_class(no_registered_pauses: None) -> None:
+    with pytest.raises(TypeError, match="exception classes"):
+        register_pause("GraphInterrupt")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="pause_on takes exception classes"):
+        replay_safe(pause_on=(int,))(lambda: None)  # type: ignore[arg-type]
+
+
+def test_a_pause_inside_a_step_pauses_the_step_and_its_parent(ledger: Ledger) -> None:
+    """The step that paused runs again from its top on resume; the step before it replays."""
+    effects: list[str] = []
+    answers = iter([None, "ok"])
+
+    @replay_safe(ledger=ledger)
+    def reserve() -> str:
+        effects.append("reserve")
+        return "r1"
+
+    @replay_safe(ledger=ledger)
+    def ask() -> str:
+        effects.append("ask")
+        answer = next(answers)
+        if answer is None:
+            raise NeedsApproval("waiting")
+        return answer
+
+    @replay_safe(ledger=ledger, pause_on=(NeedsApproval,))
+    def book() -> str:
+        return reserve() + ask()
+
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(NeedsApproval):
+        book()
+    for key, status in ((CallKey(*ids), Status.PAUSED), (CallKey(ids[0], ids[1], f"{ids[2]}>ask#1"), Status.PAUSED)):
+        record = ledger.get(key)
+        assert record is not None and record.status is status
+    with tool_call(*ids):
+        assert book() == "r1ok"
+    assert effects == ["reserve", "ask", "ask"]
+
+
+async def test_an_async_tool_pauses_and_resumes(ledger: Ledger) -> None:
+    effects: list[str] = []
+    answers = iter([None, "ok"])
+
+    @replay_safe(ledger=ledger)
+    async def charge() -> str:
+        effects.append("charge")
+        return "c"
+
+    @replay_safe(ledger=ledger)
+    async def flow() -> str:
+        receipt = await charge()
+        answer = next(answers)
+        if answer is None:
+            raise GraphInterrupt("waiting")
+        return receipt + answer
+
+    ids = new_ids()
+    async with tool_call(*ids, pauses=(GraphInterrupt,)):
+        with pytest.raises(GraphInterrupt):
+            await flow()
+    record = ledger.get(CallKey(*ids))
+    assert record is not None and record.status is Status.PAUSED
+    async with tool_call(*ids, pauses=(GraphInterrupt,)):
+        assert await flow() == "cok"
+    assert effects == ["charge"]
+
+
+def test_a_paused_call_can_be_settled_by_hand(ledger: Ledger) -> None:
+    """resolve() accepts a paused call: record what a human decided, or let it run again."""
+
+    @replay_safe(ledger=ledger, pause_on=NeedsApproval)
+    def wait_for_human() -> str:
+        raise NeedsApproval("waiting")
+
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(NeedsApproval):
+        wait_for_human()
+    settled = ledger.resolve(CallKey(*ids), result="declined by hand")
+    assert settled is not None and settled.status is Status.COMPLETED
+    with tool_call(*ids):
+        assert wait_for_human() == "declined by hand"
