@@ -49,7 +49,7 @@ class CallScope(NamedTuple):
 
     key: CallKey
     ledger: Ledger | None = None
-    #: Exceptions that pause the call (human in the loop): the claim is released, never recorded.
+    #: Exceptions that pause the call (human in the loop): it is kept paused, and the next call resumes it.
     pauses: tuple[type[BaseException], ...] = ()
     tool_timeout: float | None = UNSET
     in_doubt: InDoubt | None = None
@@ -214,8 +214,9 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
 
     ``tool_timeout`` and ``in_doubt`` override the decorator's settings for this call.
     ``pauses`` names exceptions a host framework raises to pause a call for a human
-    (LangGraph's ``GraphInterrupt``): its claim is released, and the call is neither
-    recorded nor in doubt.
+    (LangGraph's ``GraphInterrupt``), besides those of ``register_pause`` and
+    ``@replay_safe(pause_on=...)``: the call is kept paused, neither failed nor in doubt,
+    and the next call of the same key runs it again, its completed steps replaying.
     """
 
     __slots__ = ("scope",)
