@@ -128,7 +128,7 @@ def _connection_ids(ledger: Ledger, loop: asyncio.AbstractEventLoop) -> list[Any
         sync_id = ledger.client.client_id()
 
         async def async_id() -> Any:
-            client, _ = ledger.aio._scripts()  # type: ignore[attr-defined]
+            client = ledger.aio._client()  # type: ignore[attr-defined]
             return await client.client_id()
 
     elif isinstance(ledger, PostgresLedger):

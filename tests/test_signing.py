@@ -72,17 +72,16 @@ def tamper_postgres(server_url: str) -> Tamper:
 
 def tamper_redis(server_url: str) -> Tamper:
     def tamper(ledger: Ledger, key: CallKey, fields: dict[str, Any]) -> None:
-        """HSET the record's hash with a plain client, as anyone with access to Redis could."""
+        """Rewrite the record's packed value with a plain client, as anyone with access to Redis could."""
+        from replaysafe.ledgers.redis import _pack, _unpack
+
         client = redis.Redis.from_url(server_url)
-        name = ledger._keys(key)[0]  # type: ignore[attr-defined]
+        name = ledger._ops.keys(key)[0]  # type: ignore[attr-defined]
         try:
-            # The ledger stores a NULL result as a missing field.
-            absent = [field for field, value in fields.items() if value is None]
-            if absent:
-                client.hdel(name, *absent)
-            present = {field: value for field, value in fields.items() if value is not None}
-            if present:
-                client.hset(name, mapping=present)
+            record = _unpack(key, client.get(name))  # type: ignore[arg-type]
+            if "status" in fields:
+                fields = {**fields, "status": Status(fields["status"])}
+            client.set(name, _pack(record._replace(**fields)), keepttl=True)
         finally:
             client.close()
 

@@ -1,34 +1,41 @@
-"""``RedisLedger``: the ledger many workers share, in Redis; one round trip per protocol step.
+"""``RedisLedger``: the ledger many workers share, in Redis or Redis Cluster; one round trip per protocol step.
 
 Key layout (every id percent-encoded, so it holds no ``:``, braces or glob
 characters and no id can reach another thread's keys)::
 
-    {prefix}:{<thread>}:<message>:<tool call>   a hash: one record
+    {prefix}:{<thread>}:<message>:<tool call>   a string: one record, packed
     {prefix}:{<thread>}                          a sorted set: the thread's record keys
 
 The thread is the hash tag, so a thread's keys live on one Redis Cluster slot and
-every script touches one slot. Claim-or-get and the fenced writes are Lua scripts,
-loaded once and called by sha (``EVALSHA``); nothing from a caller is ever part
-of a script's text, only of its keys and arguments.
+every script touches one slot. A record is one string (see ``_pack``): a replay is
+one command whose one reply is parsed once. Claim-or-get and the fenced writes are
+Lua scripts called by sha (``EVALSHA``); nothing from a caller is ever part of a
+script's text, only of its keys and arguments.
+
+Each operation is written once, as data (``_Operations``: the command and how to
+read its reply); ``RedisLedger`` runs it on a sync client and ``.aio`` on an asyncio
+client, each with one small runner.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import os
 import re
-import typing
 import urllib.parse
 import warnings
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, Protocol, TypeVar
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.asyncio.connection
+import redis.cluster
 import redis.connection
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -38,38 +45,158 @@ from .._records import CallKey, ClaimResult, Record, Status
 from ._options import io_timeouts, split_url_options
 from ._protocol import TRANSIENT_FIX, AsyncLedger, LedgerBase, LedgerFault, RetryPolicy, SigningKey
 
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
 _PREFIX = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_MICROSECOND = dt.timedelta(microseconds=1)
 #: Keys read or deleted per round trip by ``records()`` and ``purge_thread()``.
 _BATCH = 500
 
-# KEYS[1] record, KEYS[2] thread index. ARGV: tool_name, args_digest, owner, now, lease.
-# Returns the stored record's fields, or 1 after creating it (the caller knows its fields).
-_CLAIM = """
-local found = redis.call('HGETALL', KEYS[1])
-if #found > 0 then return found end
-redis.call('HSET', KEYS[1], 'tool_name', ARGV[1], 'args_digest', ARGV[2], 'status', 'running',
-    'owner', ARGV[3], 'attempt', 1, 'created_at', ARGV[4], 'updated_at', ARGV[4], 'lease_expires_at', ARGV[5])
+# --- the packed record -------------------------------------------------------------------
+#
+# One string per record, a header line of space-separated ASCII fields, then the text fields
+# back to back, each as long as the header says (in UTF-8 bytes)::
+#
+#     1 <status> <attempt> <created> <updated> <lease> <expires> <owner> <tool> <digest> <result>\n
+#     <owner><tool name><args digest><result>
+#
+# ``1`` is the format's version; times are integer microseconds since the epoch; ``expires``
+# and the result's length are empty when there is none. Python packs and parses it here;
+# the Lua scripts below read the header and rewrite it when they finish or renew a record.
+
+_FORMAT = b"1"
+_STATUSES = {status.value.encode(): status for status in Status}
+#: Each status's stored word, looked up (an enum's ``.value`` is a slow property on the hot path).
+_WORDS = {status: status.value for status in Status}
+
+
+class RecordFormatError(ValueError):
+    """A key under the ledger's prefix holds a value that is not a record of this format."""
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _micros(value: dt.datetime) -> str:
+    """A timestamp as integer microseconds since the epoch: exact, and comparable in Lua."""
+    return str((value - _EPOCH) // _MICROSECOND)
+
+
+def _at(micros: bytes) -> dt.datetime:
+    return _EPOCH + _MICROSECOND * int(micros)
+
+
+def _pack(record: Record) -> bytes:
+    owner, tool, digest = _utf8(record.owner), _utf8(record.tool_name), _utf8(record.args_digest)
+    result = b"" if record.result is None else _utf8(record.result)
+    created = _micros(record.created_at)
+    updated = created if record.updated_at == record.created_at else _micros(record.updated_at)
+    expires = "" if record.expires_at is None else _micros(record.expires_at)
+    size = "" if record.result is None else len(result)
+    head = (
+        f"1 {_WORDS[record.status]} {record.attempt} {created} {updated} {_micros(record.lease_expires_at)} "
+        f"{expires} {len(owner)} {len(tool)} {len(digest)} {size}\n"
+    )
+    return b"".join((head.encode(), owner, tool, digest, result))
+
+
+def _unpack(key: CallKey, value: bytes | str) -> Record:
+    """The record ``_pack`` wrote (a client with ``decode_responses`` hands it over as text)."""
+    raw = value if isinstance(value, bytes) else _utf8(value)
+    head, _, body = raw.partition(b"\n")
+    try:
+        version, status, attempt, created, updated, lease, expires, owner, tool, digest, size = head.split(b" ")
+        tool_at = int(owner)
+        digest_at = tool_at + int(tool)
+        result_at = digest_at + int(digest)
+        if version != _FORMAT or len(body) != result_at + (int(size) if size else 0):
+            raise ValueError("not this format")
+        created_at = _at(created)
+        return Record(
+            key,
+            body[tool_at:digest_at].decode("utf-8", "surrogatepass"),
+            body[digest_at:result_at].decode("utf-8", "surrogatepass"),
+            _STATUSES[status],
+            body[result_at:].decode("utf-8", "surrogatepass") if size else None,
+            body[:tool_at].decode("utf-8", "surrogatepass"),
+            int(attempt),
+            created_at,
+            created_at if updated == created else _at(updated),
+            _at(lease),
+            _at(expires) if expires else None,
+        )
+    except (ValueError, KeyError, UnicodeDecodeError):
+        raise RecordFormatError(
+            f"the Redis value of the call {key} is not a record this ledger can read (format {_FORMAT.decode()}): "
+            "it was written by an older replaysafe (records were hashes before) or by another program. Delete the "
+            "key, or give this ledger a prefix of its own."
+        ) from None
+
+
+# --- the scripts ---------------------------------------------------------------------------
+
+
+class _Script(NamedTuple):
+    text: str
+    sha: str
+
+
+def _script(body: str, *, reads: bool = True) -> _Script:
+    text = _READ + body if reads else body
+    return _Script(text, hashlib.sha1(text.encode()).hexdigest())
+
+
+# The record's header fields (see _pack; head[2] status, head[3] attempt, head[8..10] the text
+# fields' lengths) and its body; ``held`` is the fence: the record exists and ``owner`` holds it.
+_READ = """
+local function read(name)
+    local value = redis.call('GET', name)
+    if not value then return nil end
+    local newline = string.find(value, '\\n', 1, true)
+    local head = {}
+    for field in string.gmatch(string.sub(value, 1, newline - 1) .. ' ', '([^ ]*) ') do head[#head + 1] = field end
+    return head, string.sub(value, newline + 1)
+end
+local function held(head, body, owner)
+    return head ~= nil and string.sub(body, 1, tonumber(head[8])) == owner
+end
+"""
+
+# KEYS[1] record, KEYS[2] thread index. ARGV: the new running record.
+# Returns the stored record, or 1 after storing the new one.
+_CLAIM = _script(
+    """
+local found = redis.call('GET', KEYS[1])
+if found then return found end
+redis.call('SET', KEYS[1], ARGV[1])
 -- A running record never expires, so neither may the index that lists it.
 redis.call('ZADD', KEYS[2], '+inf', KEYS[1])
 redis.call('PERSIST', KEYS[2])
 return 1
-"""
+""",
+    reads=False,
+)
 
-# KEYS[1] record, KEYS[2] thread index. ARGV: owner, status, now, has_result, result, ttl_ms (0: none), expires_at.
-# Fenced: only the claim's owner finishes it; its own finished record matches too,
-# so a write tried again after a lost answer succeeds.
-_COMPLETE = """
-local current = redis.call('HMGET', KEYS[1], 'owner', 'status')
-if current[1] ~= ARGV[1] or (current[2] ~= 'running' and current[2] ~= ARGV[2]) then return 0 end
-redis.call('HSET', KEYS[1], 'status', ARGV[2], 'updated_at', ARGV[3])
-if ARGV[4] == '1' then redis.call('HSET', KEYS[1], 'result', ARGV[5]) else redis.call('HDEL', KEYS[1], 'result') end
+# KEYS[1] record, KEYS[2] thread index. ARGV: owner, status, now, result length ('' for none), result,
+# ttl_ms (0: none), expires_at. Fenced: only the claim's owner finishes it; its own finished record
+# matches too, so a write tried again after a lost answer succeeds.
+_COMPLETE = _script(
+    """
+local head, body = read(KEYS[1])
+if not held(head, body, ARGV[1]) or (head[2] ~= 'running' and head[2] ~= ARGV[2]) then return 0 end
+head[2], head[5], head[7], head[11] = ARGV[2], ARGV[3], ARGV[7], ARGV[4]
+local value = table.concat(head, ' ') .. '\\n' .. string.sub(body, 1, head[8] + head[9] + head[10]) .. ARGV[5]
 local ttl = tonumber(ARGV[6])
-if ttl == 0 then return 1 end
-redis.call('HSET', KEYS[1], 'expires_at', ARGV[7])
-redis.call('PEXPIRE', KEYS[1], ttl)
+if ttl == 0 then
+    redis.call('SET', KEYS[1], value)
+    return 1
+end
+redis.call('SET', KEYS[1], value, 'PX', ttl)
 -- The index outlives its longest-lived record: score = when each record expires
--- (server clock, like PEXPIRE), +inf while it does not; drop the expired ones.
+-- (server clock, like PX), +inf while it does not; drop the expired ones.
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('ZADD', KEYS[2], now_ms + ttl, KEYS[1])
@@ -82,43 +209,65 @@ else
 end
 return 1
 """
+)
 
-# KEYS[1] record, KEYS[2] thread index. ARGV: expected owner, attempt, status; new owner, now, lease.
-_TAKEOVER = """
-local current = redis.call('HMGET', KEYS[1], 'owner', 'attempt', 'status')
-if current[1] ~= ARGV[1] or current[2] ~= ARGV[2] or current[3] ~= ARGV[3] then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'running', 'owner', ARGV[4], 'attempt', tonumber(ARGV[2]) + 1,
-    'updated_at', ARGV[5], 'lease_expires_at', ARGV[6])
-redis.call('HDEL', KEYS[1], 'result', 'expires_at')
-redis.call('PERSIST', KEYS[1])
+# KEYS[1] record, KEYS[2] thread index. ARGV: expected owner, attempt, status; the new running record.
+_TAKEOVER = _script(
+    """
+local head, body = read(KEYS[1])
+if not held(head, body, ARGV[1]) or head[3] ~= ARGV[2] or head[2] ~= ARGV[3] then return 0 end
+redis.call('SET', KEYS[1], ARGV[4])
 redis.call('ZADD', KEYS[2], '+inf', KEYS[1])
 redis.call('PERSIST', KEYS[2])
 return 1
 """
+)
 
 # KEYS[1] record, KEYS[2] thread index. ARGV: owner.
-_RELEASE = """
-local current = redis.call('HMGET', KEYS[1], 'owner', 'status')
-if current[1] ~= ARGV[1] or current[2] ~= 'running' then return 0 end
+_RELEASE = _script(
+    """
+local head, body = read(KEYS[1])
+if not held(head, body, ARGV[1]) or head[2] ~= 'running' then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], KEYS[1])
 return 1
 """
+)
 
 # KEYS[1] record. ARGV: owner, lease_expires_at. Fenced like complete.
-_RENEW = """
-local current = redis.call('HMGET', KEYS[1], 'owner', 'status')
-if current[1] ~= ARGV[1] or current[2] ~= 'running' then return 0 end
-redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[2])
+_RENEW = _script(
+    """
+local head, body = read(KEYS[1])
+if not held(head, body, ARGV[1]) or head[2] ~= 'running' then return 0 end
+head[6] = ARGV[2]
+redis.call('SET', KEYS[1], table.concat(head, ' ') .. '\\n' .. body)
 return 1
 """
+)
 
 # KEYS[1] record, KEYS[2] thread index.
-_DELETE = """
+_DELETE = _script(
+    """
 redis.call('ZREM', KEYS[2], KEYS[1])
 return redis.call('DEL', KEYS[1])
-"""
+""",
+    reads=False,
+)
 
+# KEYS[1] thread index, KEYS[2..] some of its records (one slot: the thread's hash tag).
+_PURGE = _script(
+    """
+local deleted = redis.call('DEL', unpack(KEYS, 2))
+redis.call('ZREM', KEYS[1], unpack(KEYS, 2))
+return deleted
+""",
+    reads=False,
+)
+
+_SCRIPTS = (_CLAIM, _COMPLETE, _TAKEOVER, _RELEASE, _RENEW, _DELETE, _PURGE)
+
+
+# --- keys ------------------------------------------------------------------------------------
 
 _UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*")
 
@@ -134,43 +283,200 @@ def _decode(value: str) -> str:
     return urllib.parse.unquote(value, encoding="utf-8", errors="surrogatepass")
 
 
-def _micros(value: dt.datetime) -> str:
-    """A timestamp as integer microseconds since the epoch: exact, and sortable in Lua."""
-    delta = value - _EPOCH
-    return str((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
-
-
-def _from_micros(value: str) -> dt.datetime:
-    return _EPOCH + dt.timedelta(microseconds=int(value))
-
-
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
 
 
-def _fields(reply: Any) -> dict[str, str]:
-    """``HGETALL``'s reply (a flat list, or a dict from a client with RESP3) as text."""
-    if isinstance(reply, dict):
-        return {_text(k): _text(v) for k, v in reply.items()}
-    return {_text(reply[i]): _text(reply[i + 1]) for i in range(0, len(reply), 2)}
+# --- operations as data ---------------------------------------------------------------------
 
 
-def _record(key: CallKey, fields: dict[str, str]) -> Record:
-    expires_at = fields.get("expires_at")
-    return Record(
-        key=key,
-        tool_name=fields["tool_name"],
-        args_digest=fields["args_digest"],
-        status=Status(fields["status"]),
-        result=fields.get("result"),
-        owner=fields["owner"],
-        attempt=int(fields["attempt"]),
-        created_at=_from_micros(fields["created_at"]),
-        updated_at=_from_micros(fields["updated_at"]),
-        lease_expires_at=_from_micros(fields["lease_expires_at"]),
-        expires_at=_from_micros(expires_at) if expires_at is not None else None,
-    )
+class _Op(Generic[_T]):
+    """One ledger operation: one command (or a batch, pipelined in one round trip) and how its reply reads."""
 
+    __slots__ = ("batch", "command", "parse")
+
+    def __init__(
+        self, parse: Callable[[Any], _T], command: Sequence[Any] = (), batch: Sequence[Sequence[Any]] | None = None
+    ) -> None:
+        self.parse = parse
+        self.command = command
+        self.batch = batch
+
+    def send(self, client: Any) -> Any:
+        """Send it on a sync or asyncio client: the reply, or for an asyncio client an awaitable of it."""
+        if self.batch is None:
+            return client.execute_command(*self.command)
+        pipe = client.pipeline(transaction=False)
+        for command in self.batch:
+            pipe.execute_command(*command)
+        return pipe.execute()
+
+
+def _load_scripts(client: Any) -> list[Any]:
+    """Load every script (on each primary of a cluster); for an asyncio client, awaitables."""
+    return [client.script_load(script.text) for script in _SCRIPTS]
+
+
+def _evalsha(script: _Script, keys: Sequence[str], *args: Any) -> tuple[Any, ...]:
+    return ("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+def _is_one(reply: Any) -> bool:
+    return bool(reply == 1)
+
+
+class _Operations:
+    """Every operation of the Redis ledger, built as data: no I/O, shared by the sync and async runners."""
+
+    __slots__ = ("prefix", "ttl", "ttl_ms")
+
+    def __init__(self, prefix: str, ttl: dt.timedelta | None) -> None:
+        self.prefix = prefix
+        self.ttl = ttl
+        self.ttl_ms = max(1, round(ttl.total_seconds() * 1000)) if ttl else 0
+
+    # keys
+
+    def index(self, thread_id: str) -> str:
+        """The thread's index; its name is also the hash tag of every key of the thread."""
+        return f"{self.prefix}:{{{_encode(thread_id)}}}"
+
+    def keys(self, key: CallKey) -> tuple[str, str]:
+        """The record's key and its thread's index."""
+        index = self.index(key.thread_id)
+        return f"{index}:{_encode(key.message_id)}:{_encode(key.tool_call_id)}", index
+
+    def call_key(self, name: str) -> CallKey | None:
+        """The call key of a record's key name; ``None`` for an index or a foreign key."""
+        rest = name[len(self.prefix) + 1 :]
+        if not name.startswith(f"{self.prefix}:{{") or "}:" not in rest:
+            return None
+        thread, _, ids = rest[1:].partition("}:")
+        message, sep, tool_call = ids.partition(":")
+        if not sep or ":" in tool_call:
+            return None
+        return CallKey(_decode(thread), _decode(message), _decode(tool_call))
+
+    # the protocol
+
+    def claim(
+        self,
+        key: CallKey,
+        *,
+        tool_name: str,
+        args_digest: str,
+        owner: str,
+        now: dt.datetime,
+        lease_expires_at: dt.datetime,
+    ) -> _Op[ClaimResult]:
+        """Atomically create a ``running`` record owned by ``owner``, or return the one there."""
+        record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
+
+        def parse(reply: Any) -> ClaimResult:
+            return ClaimResult(record, True) if reply == 1 else ClaimResult(_unpack(key, reply), False)
+
+        return _Op(parse, _evalsha(_CLAIM, self.keys(key), _pack(record)))
+
+    def takeover(
+        self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime
+    ) -> _Op[Record | None]:
+        """Replace ``record`` (still as read) by a ``running`` one for ``owner``, attempt + 1."""
+        taken = record.taken_over_by(owner, now, lease_expires_at)
+        expected = (record.owner, str(record.attempt), _WORDS[record.status])
+        return _Op(
+            lambda reply: taken if reply == 1 else None,
+            _evalsha(_TAKEOVER, self.keys(record.key), *expected, _pack(taken)),
+        )
+
+    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> _Op[bool]:
+        """Finish the call ``owner`` claimed (fenced); with a ttl, a finished record expires unless in doubt."""
+        expiring = self.ttl is not None and status is not Status.IN_DOUBT
+        expires_at = _micros(now + self.ttl) if expiring and self.ttl is not None else ""
+        encoded = b"" if result is None else _utf8(result)
+        size = "" if result is None else len(encoded)
+        args = (owner, _WORDS[status], _micros(now), size, encoded, self.ttl_ms if expiring else 0, expires_at)
+        return _Op(_is_one, _evalsha(_COMPLETE, self.keys(key), *args))
+
+    def release(self, key: CallKey, *, owner: str) -> _Op[bool]:
+        """Delete the ``running`` record ``owner`` holds."""
+        return _Op(_is_one, _evalsha(_RELEASE, self.keys(key), owner))
+
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> _Op[bool]:
+        """Move the lease of the ``running`` record ``owner`` holds (fenced)."""
+        return _Op(_is_one, _evalsha(_RENEW, self.keys(key)[:1], owner, _micros(lease_expires_at)))
+
+    def get(self, key: CallKey) -> _Op[Record | None]:
+        return _Op(lambda reply: None if reply is None else _unpack(key, reply), ("GET", self.keys(key)[0]))
+
+    def get_many(self, keys: Iterable[CallKey]) -> _Op[dict[CallKey, Record]]:
+        """The records among ``keys`` that exist, pipelined in one round trip."""
+        wanted = list(dict.fromkeys(keys))
+
+        def parse(replies: list[Any]) -> dict[CallKey, Record]:
+            return {key: _unpack(key, reply) for key, reply in zip(wanted, replies, strict=True) if reply is not None}
+
+        return _Op(parse, batch=[("GET", self.keys(key)[0]) for key in wanted])
+
+    def delete(self, key: CallKey) -> _Op[bool]:
+        return _Op(_is_one, _evalsha(_DELETE, self.keys(key)))
+
+    # listing and purging, a batch at a time
+
+    def members(self, thread_id: str, count: int) -> _Op[list[str]]:
+        """Up to ``count`` record keys of the thread's index (all of them for 0)."""
+        return _Op(lambda names: [_text(n) for n in names], ("ZRANGE", self.index(thread_id), 0, count - 1))
+
+    def purge(self, thread_id: str, names: Sequence[str]) -> _Op[int]:
+        """Delete these records of the thread and their index entries; returns how many existed."""
+        return _Op(int, _evalsha(_PURGE, [self.index(thread_id), *names]))
+
+    def read(self, names: Sequence[str]) -> _Op[list[Record]]:
+        """The records stored under these key names (foreign and vanished keys left out)."""
+        found = [(key, name) for name in names if (key := self.call_key(name)) is not None]
+
+        def parse(replies: list[Any]) -> list[Record]:
+            return [_unpack(key, reply) for (key, _), reply in zip(found, replies, strict=True) if reply is not None]
+
+        return _Op(parse, batch=[("GET", name) for _, name in found])
+
+
+class _Runner(Protocol):
+    _ops: _Operations
+
+    def _run(self, op: _Op[_T]) -> _T: ...
+
+
+class _AsyncRunner(Protocol):
+    _ops: _Operations
+
+    async def _run(self, op: _Op[_T]) -> _T: ...
+
+
+def _sync(build: Callable[Concatenate[_Operations, _P], _Op[_T]]) -> Callable[Concatenate[_Runner, _P], _T]:
+    """A ledger method: build the operation, run it on the sync client."""
+
+    def operation(self: _Runner, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return self._run(build(self._ops, *args, **kwargs))
+
+    operation.__name__ = operation.__qualname__ = build.__name__
+    operation.__doc__ = build.__doc__
+    return operation
+
+
+def _async(
+    build: Callable[Concatenate[_Operations, _P], _Op[_T]],
+) -> Callable[Concatenate[_AsyncRunner, _P], Coroutine[Any, Any, _T]]:
+    """An ``.aio`` method: build the operation, run it on this event loop's client."""
+
+    async def operation(self: _AsyncRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return await self._run(build(self._ops, *args, **kwargs))
+
+    operation.__name__ = operation.__qualname__ = build.__name__
+    operation.__doc__ = build.__doc__
+    return operation
+
+
+# --- connections ------------------------------------------------------------------------------
 
 # Connection settings that mean the same to redis-py's sync and asyncio connections.
 _PORTABLE_SETTINGS = (
@@ -185,20 +491,50 @@ _SYNC_CONNECTIONS = {
     redis.asyncio.connection.UnixDomainSocketConnection: redis.connection.UnixDomainSocketConnection,
 }
 _ASYNC_CONNECTIONS: dict[type, type] = {sync: aio for aio, sync in _SYNC_CONNECTIONS.items()}
+_CLUSTERS = (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)
+_ASYNC_CLIENTS = (redis.asyncio.Redis, redis.asyncio.cluster.RedisCluster)
+#: The client classes, by (asynchronous, cluster).
+_FLAVOURS: dict[tuple[bool, bool], Any] = {
+    (False, False): redis.Redis,
+    (False, True): redis.cluster.RedisCluster,
+    (True, False): redis.asyncio.Redis,
+    (True, True): redis.asyncio.cluster.RedisCluster,
+}
+
+#: What ``RedisLedger`` takes: a URL or a client of either flavour, single server or cluster.
+RedisClient = redis.Redis | redis.asyncio.Redis | redis.cluster.RedisCluster | redis.asyncio.cluster.RedisCluster
+
+
+def _flag(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
 
 
 # The ledger's own URL options; redis-py's (``socket_timeout``, ``db``, ...) stay in the URL.
-_LEDGER_OPTIONS: dict[str, Any] = {"prefix": str, "ttl": float, "connect_timeout": float, "io_timeout": float}
+_LEDGER_OPTIONS: dict[str, Any] = {
+    "prefix": str,
+    "ttl": float,
+    "connect_timeout": float,
+    "io_timeout": float,
+    "cluster": _flag,
+}
 _DRIVER_OPTIONS = frozenset(redis.connection.URL_QUERY_ARGUMENT_PARSERS) | frozenset(_PORTABLE_SETTINGS)
 
 _AUTH_FIX = "Fix the username or password in the Redis URL (or the client's credentials)."
 _ACL_FIX = (
-    "Grant the Redis user the commands the ledger uses (EVALSHA, SCRIPT LOAD, EVAL, HGETALL, ZRANGE, SCAN, DEL, "
-    "ZREM) on the ledger's key prefix, or use a user that has them."
+    "Grant the Redis user the commands the ledger uses (EVALSHA, SCRIPT LOAD, GET, ZRANGE, SCAN) on the ledger's "
+    "key prefix, or use a user that has them."
 )
 _RESPONSE_FIX = (
     "Redis refused a command: check that the server is Redis 6.2 or later with scripting enabled and that no "
     "other program writes keys under the ledger's prefix."
+)
+_FORMAT_FIX = (
+    "A key under the ledger's prefix is not a record of this version (records written by an older replaysafe "
+    "were hashes): delete those keys, or give the ledger a new prefix."
 )
 
 
@@ -234,6 +570,7 @@ def _diagnose(exc: BaseException, user: str | None = None, prefix: str | None = 
         redis.BusyLoadingError,
         redis.exceptions.TryAgainError,
         redis.exceptions.ClusterDownError,
+        redis.exceptions.SlotNotCoveredError,  # a cluster resharding or failing over
         redis.exceptions.MasterDownError,
         redis.exceptions.ReadOnlyError,  # a replica during a failover
         redis.exceptions.OutOfMemoryError,
@@ -242,6 +579,8 @@ def _diagnose(exc: BaseException, user: str | None = None, prefix: str | None = 
     )
     if isinstance(exc, transient):
         return LedgerFault(True, TRANSIENT_FIX)
+    if isinstance(exc, RecordFormatError) or (isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc)):
+        return LedgerFault(False, _FORMAT_FIX)
     if isinstance(exc, redis.ResponseError):
         return LedgerFault(False, _RESPONSE_FIX)
     return LedgerFault(False, "A bug or a misconfiguration: check the ledger's URL and options.")
@@ -256,16 +595,57 @@ def _once(*, asynchronous: bool = False) -> Any:
     return (redis.asyncio.retry.Retry if asynchronous else Retry)(NoBackoff(), 1)
 
 
-def _twin_pool(pool: Any, classes: dict[type, type], what: str) -> dict[str, Any]:
-    """The settings of the other flavour's connection pool, from a client's pool."""
-    connection_class = classes.get(pool.connection_class)
+def _connection_settings(client: Any) -> dict[str, Any]:
+    """The settings a client's connections are made with."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        return dict(client.nodes_manager.connection_kwargs)
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        return dict(client.connection_kwargs)
+    return dict(client.connection_pool.connection_kwargs)
+
+
+def _twin(client: Any, *, asynchronous: bool) -> Any:
+    """A new client of the given flavour that connects like ``client`` (a client we then own)."""
+    settings = {k: v for k, v in _connection_settings(client).items() if k in _PORTABLE_SETTINGS}
+    if isinstance(client, _CLUSTERS):
+        node: Any = next(iter(client.nodes_manager.startup_nodes.values()))
+        settings.update(host=node.host, port=node.port)
+        settings.pop("db", None)
+        return _FLAVOURS[asynchronous, True](**settings)
+    pool = client.connection_pool
+    classes = _ASYNC_CONNECTIONS if asynchronous else _SYNC_CONNECTIONS
+    connection_class = pool.connection_class if isinstance(client, _ASYNC_CLIENTS) == asynchronous else None
+    connection_class = connection_class or classes.get(pool.connection_class)
     if connection_class is None:
         raise TypeError(
-            f"RedisLedger cannot open a {what} connection like {pool.connection_class.__name__}: pass a redis:// URL "
-            "instead of a client"
+            f"RedisLedger cannot open a {'asyncio' if asynchronous else 'sync'} connection like "
+            f"{pool.connection_class.__name__}: pass a redis:// URL instead of a client"
         )
-    settings = {k: v for k, v in pool.connection_kwargs.items() if k in _PORTABLE_SETTINGS}
-    return {"connection_class": connection_class, **settings}
+    pool_class = redis.asyncio.ConnectionPool if asynchronous else redis.ConnectionPool
+    return _FLAVOURS[asynchronous, False](
+        connection_pool=pool_class(connection_class=connection_class, **settings),
+        retry=_once(asynchronous=asynchronous),
+    )
+
+
+def _warn_if_unbounded(client: Any) -> None:
+    """A client passed in is the caller's: say once if it can wait forever on a stalled server."""
+    if isinstance(client, _CLUSTERS):
+        socket_timeout = _connection_settings(client).get("socket_timeout")
+    else:
+        pool = client.connection_pool
+        try:  # a connection object, not connected: the pool's settings with the class's defaults filled in
+            socket_timeout = getattr(pool.connection_class(**pool.connection_kwargs), "socket_timeout", None)
+        except Exception:  # a connection class we cannot build alone: trust what the pool was given
+            socket_timeout = pool.connection_kwargs.get("socket_timeout")
+    if socket_timeout is None:
+        warnings.warn(
+            "RedisLedger was given a Redis client without socket_timeout: a stalled server can block every "
+            "protected call for as long as it stalls. Create the client with socket_timeout= and "
+            "socket_connect_timeout=, or pass a redis:// URL (the ledger then sets both).",
+            ReplaySafeWarning,
+            stacklevel=3,
+        )
 
 
 # Ledgers whose connections a forked child must not reuse.
@@ -284,10 +664,13 @@ class RedisLedger(LedgerBase):
     """A ledger in Redis, shared by every worker that points at it.
 
     ``url_or_client`` is a URL (``redis://host:6379/0``, ``rediss://``,
-    ``unix://``) or a ``redis.Redis`` / ``redis.asyncio.Redis`` client, which is
-    then shared and never closed by ``close()``. ``.aio`` uses ``redis.asyncio``:
-    given a sync client it connects with the same settings, and the reverse.
-    With ``ttl`` (seconds), completed and failed records expire natively.
+    ``unix://``) or a client: ``redis.Redis``, ``redis.asyncio.Redis``, or for a
+    Redis Cluster ``redis.cluster.RedisCluster`` / ``redis.asyncio.RedisCluster``.
+    A client passed in is shared and never closed by ``close()``; the other flavour
+    (``.aio`` for a sync client, and the reverse) connects with the same settings.
+    For a cluster by URL, pass ``cluster=True`` (or ``?cluster=true``) and the URL
+    of any of its nodes. With ``ttl`` (seconds), completed and failed records
+    expire natively.
 
     Clients the ledger creates wait ``connect_timeout`` seconds to connect and
     ``io_timeout`` for any answer (redis-py's ``socket_connect_timeout`` and
@@ -306,12 +689,13 @@ class RedisLedger(LedgerBase):
 
     def __init__(
         self,
-        url_or_client: str | redis.Redis | redis.asyncio.Redis,
+        url_or_client: str | RedisClient,
         *,
         prefix: str | None = None,
         ttl: float | None = None,
         connect_timeout: float | None = None,
         io_timeout: float | None = None,
+        cluster: bool | None = None,
         retry: RetryPolicy | None = None,
         signing_key: SigningKey | None = None,
     ) -> None:
@@ -322,6 +706,7 @@ class RedisLedger(LedgerBase):
             ttl = ttl if ttl is not None else from_url.get("ttl")
             connect_timeout = connect_timeout if connect_timeout is not None else from_url.get("connect_timeout")
             io_timeout = io_timeout if io_timeout is not None else from_url.get("io_timeout")
+            cluster = cluster if cluster is not None else from_url.get("cluster")
         prefix = "replaysafe" if prefix is None else prefix
         self.connect_timeout, self.io_timeout = io_timeouts(connect_timeout, io_timeout)
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
@@ -333,27 +718,31 @@ class RedisLedger(LedgerBase):
             raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
         self.prefix = prefix
         self.ttl = dt.timedelta(seconds=ttl) if ttl else None
-        self._ttl_ms = max(1, round(ttl * 1000)) if ttl else 0
+        self._ops = _Operations(prefix, self.ttl)
         self._url: str | None = None
-        self._client: redis.Redis | None = None
-        self._shared_aio: redis.asyncio.Redis | None = None
+        #: The sync client in use, the asyncio client given (if any), and whether we made the sync one.
+        self._client: Any = None
+        self._shared_aio: Any = None
         self._owns_client = True
         if isinstance(url_or_client, str):
             self._url = url_or_client
-        elif isinstance(url_or_client, redis.Redis):
+            self.cluster = bool(cluster)
+        elif isinstance(url_or_client, (redis.Redis, redis.cluster.RedisCluster)):
             self._client = url_or_client
             self._owns_client = False
-            _warn_if_unbounded(url_or_client)
-        elif isinstance(url_or_client, redis.asyncio.Redis):
+        elif isinstance(url_or_client, _ASYNC_CLIENTS):
             self._shared_aio = url_or_client
-            _warn_if_unbounded(url_or_client)
         else:
             raise TypeError(
-                f"RedisLedger takes a redis:// URL or a redis.Redis / redis.asyncio.Redis client, "
+                f"RedisLedger takes a redis:// URL or a redis.Redis / redis.asyncio.Redis / RedisCluster client, "
                 f"not {type(url_or_client).__name__}"
             )
+        if self._url is None:
+            self.cluster = isinstance(url_or_client, _CLUSTERS)
+            if cluster is not None and cluster != self.cluster:
+                raise ValueError(f"cluster={cluster} does not match the client given ({type(url_or_client).__name__})")
+            _warn_if_unbounded(url_or_client)
         self._aio_redis: _AsyncRedisLedger | None = None
-        self._scripts: dict[str, Any] | None = None
         # Clients a forked child inherited: kept, never used or closed (the parent's sockets).
         self._orphans: list[Any] = []
         _open_ledgers.add(self)
@@ -371,20 +760,20 @@ class RedisLedger(LedgerBase):
     # --- connections -------------------------------------------------------------
 
     @property
-    def client(self) -> redis.Redis:
-        """The sync client, connected on first use."""
+    def client(self) -> Any:
+        """The sync client (``redis.Redis`` or ``redis.cluster.RedisCluster``), connected on first use."""
         if self._client is None:
-            if self._url is not None:
-                self._client = redis.Redis.from_url(self._url, retry=_once(), **self._socket_settings())
-            else:
-                assert self._shared_aio is not None
-                pool = redis.ConnectionPool(**_twin_pool(self._shared_aio.connection_pool, _SYNC_CONNECTIONS, "sync"))
-                self._client = redis.Redis(connection_pool=pool, retry=_once())
+            self._client = self._new_client(asynchronous=False)
             self._owns_client = True
-            self._scripts = None
-        if self._scripts is None:
-            self._scripts = _register(self._client)
         return self._client
+
+    def _new_client(self, *, asynchronous: bool) -> Any:
+        if self._url is not None:
+            flavour = _FLAVOURS[asynchronous, self.cluster]
+            # A cluster client retries on its own (it must follow the slots as they move).
+            retry = {} if self.cluster else {"retry": _once(asynchronous=asynchronous)}
+            return flavour.from_url(self._url, **retry, **self._socket_settings())
+        return _twin(self._shared_aio if self._shared_aio is not None else self._client, asynchronous=asynchronous)
 
     def _socket_settings(self) -> dict[str, Any]:
         """Timeouts for the clients the ledger creates (a ``socket_timeout`` in the URL wins)."""
@@ -398,19 +787,13 @@ class RedisLedger(LedgerBase):
         user = urllib.parse.urlsplit(self._url).username if self._url is not None else None
         return _diagnose(exc, user, self.prefix)
 
-    def _script(self, name: str) -> Any:
-        self.client  # noqa: B018 - connects and registers the scripts
-        assert self._scripts is not None
-        return self._scripts[name]
-
-    def _new_async_client(self) -> redis.asyncio.Redis:
-        if self._url is not None:
-            return redis.asyncio.Redis.from_url(self._url, retry=_once(asynchronous=True), **self._socket_settings())
-        assert self._client is not None
-        settings = _twin_pool(self._client.connection_pool, _ASYNC_CONNECTIONS, "asyncio")
-        return redis.asyncio.Redis(
-            connection_pool=redis.asyncio.ConnectionPool(**settings), retry=_once(asynchronous=True)
-        )
+    def _run(self, op: _Op[_T]) -> _T:
+        """The sync runner: one command (or one pipelined batch), one reply, parsed once."""
+        try:
+            return op.parse(op.send(self.client))
+        except redis.exceptions.NoScriptError:  # a new, restarted or failed-over server: load, then again
+            _load_scripts(self.client)
+            return op.parse(op.send(self.client))
 
     @property
     def aio(self) -> AsyncLedger:
@@ -423,10 +806,10 @@ class RedisLedger(LedgerBase):
         if self._aio_redis is not None:
             self._aio_redis.close()
         if self._client is not None and self._owns_client:
-            self._client.connection_pool.disconnect()
+            if not self.cluster:
+                self._client.connection_pool.disconnect()
             self._client.close()
             self._client = None
-            self._scripts = None
 
     def _forget_parent_connections(self) -> None:
         """In a forked child: connect afresh. A socket shared with the parent would mix
@@ -434,17 +817,10 @@ class RedisLedger(LedgerBase):
         if self._client is not None and self._owns_client:
             self._orphans.append(self._client)
             self._client = None
-        self._scripts = None
         if self._shared_aio is not None:
             # The application's asyncio client is the parent's too: use a twin of it.
-            pool = self._shared_aio.connection_pool
             self._orphans.append(self._shared_aio)
-            self._shared_aio = redis.asyncio.Redis(
-                connection_pool=redis.asyncio.ConnectionPool(
-                    connection_class=pool.connection_class, **pool.connection_kwargs
-                ),
-                retry=_once(asynchronous=True),
-            )
+            self._shared_aio = _twin(self._shared_aio, asynchronous=True)
         if self._aio_redis is not None:
             self._aio_redis._forget_parent_connections()
 
@@ -459,182 +835,77 @@ class RedisLedger(LedgerBase):
     ) -> None:
         await self.aclose()
 
-    # --- keys ----------------------------------------------------------------------
+    # --- the protocol: each operation built once (``_Operations``), run here ------------
 
-    def _thread_tag(self, thread_id: str) -> str:
-        return f"{self.prefix}:{{{_encode(thread_id)}}}"
-
-    def _keys(self, key: CallKey) -> list[str]:
-        """The record's key and its thread's index."""
-        index = self._thread_tag(key.thread_id)
-        return [f"{index}:{_encode(key.message_id)}:{_encode(key.tool_call_id)}", index]
-
-    def _parse(self, name: str) -> CallKey | None:
-        """The call key of a record's key name; ``None`` for an index or a foreign key."""
-        rest = name[len(self.prefix) + 1 :]
-        if not name.startswith(f"{self.prefix}:{{") or "}:" not in rest:
-            return None
-        thread, _, ids = rest[1:].partition("}:")
-        message, sep, tool_call = ids.partition(":")
-        if not sep or ":" in tool_call:
-            return None
-        return CallKey(_decode(thread), _decode(message), _decode(tool_call))
-
-    # --- the protocol ----------------------------------------------------------------
-
-    def _claim_args(
-        self, key: CallKey, tool_name: str, args_digest: str, owner: str, now: dt.datetime, lease: dt.datetime
-    ) -> dict[str, Any]:
-        return {"keys": self._keys(key), "args": [tool_name, args_digest, owner, _micros(now), _micros(lease)]}
-
-    def _complete_args(
-        self, key: CallKey, owner: str, status: Status, result: str | None, now: dt.datetime
-    ) -> dict[str, Any]:
-        expiring = self.ttl is not None and status is not Status.IN_DOUBT
-        expires_at = _micros(now + self.ttl) if expiring and self.ttl is not None else ""
-        args = [owner, status.value, _micros(now), "0" if result is None else "1", result or ""]
-        return {"keys": self._keys(key), "args": [*args, self._ttl_ms if expiring else 0, expires_at]}
-
-    def _takeover_args(self, record: Record, owner: str, now: dt.datetime, lease: dt.datetime) -> dict[str, Any]:
-        expected = [record.owner, str(record.attempt), record.status.value]
-        return {"keys": self._keys(record.key), "args": [*expected, owner, _micros(now), _micros(lease)]}
-
-    def claim(
-        self,
-        key: CallKey,
-        *,
-        tool_name: str,
-        args_digest: str,
-        owner: str,
-        now: dt.datetime,
-        lease_expires_at: dt.datetime,
-    ) -> ClaimResult:
-        reply = self._script("claim")(**self._claim_args(key, tool_name, args_digest, owner, now, lease_expires_at))
-        if reply == 1:
-            return ClaimResult(Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at), True)
-        return ClaimResult(_record(key, _fields(reply)), False)
-
-    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
-        if self._script("takeover")(**self._takeover_args(record, owner, now, lease_expires_at)) != 1:
-            return None
-        return record.taken_over_by(owner, now, lease_expires_at)
-
-    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
-        return bool(self._script("complete")(**self._complete_args(key, owner, status, result, now)) == 1)
-
-    def release(self, key: CallKey, *, owner: str) -> bool:
-        return bool(self._script("release")(keys=self._keys(key), args=[owner]) == 1)
-
-    def _renew_args(self, key: CallKey, owner: str, lease_expires_at: dt.datetime) -> dict[str, Any]:
-        return {"keys": self._keys(key)[:1], "args": [owner, _micros(lease_expires_at)]}
-
-    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
-        return bool(self._script("renew")(**self._renew_args(key, owner, lease_expires_at)) == 1)
-
-    def get(self, key: CallKey) -> Record | None:
-        fields = _fields(self.client.hgetall(self._keys(key)[0]))
-        return _record(key, fields) if fields else None
-
-    def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
-        wanted = list(dict.fromkeys(keys))
-        if not wanted:
-            return {}
-        pipe = self.client.pipeline(transaction=False)
-        for key in wanted:
-            pipe.hgetall(self._keys(key)[0])
-        replies = pipe.execute()
-        return {key: _record(key, _fields(reply)) for key, reply in zip(wanted, replies, strict=True) if reply}
-
-    def delete(self, key: CallKey) -> bool:
-        return bool(self._script("delete")(keys=self._keys(key)) == 1)
+    claim = _sync(_Operations.claim)
+    takeover = _sync(_Operations.takeover)
+    complete = _sync(_Operations.complete)
+    release = _sync(_Operations.release)
+    renew = _sync(_Operations.renew)
+    get = _sync(_Operations.get)
+    get_many = _sync(_Operations.get_many)
+    delete = _sync(_Operations.delete)
 
     def purge_thread(self, thread_id: str) -> int:
-        index = self._thread_tag(thread_id)
-        client = self.client
         deleted = 0
-        while members := client.zrange(index, 0, _BATCH - 1):
-            pipe = client.pipeline(transaction=True)
-            pipe.delete(*members)
-            pipe.zrem(index, *members)
-            deleted += int(pipe.execute()[0])
+        while names := self._run(self._ops.members(thread_id, _BATCH)):
+            deleted += self._run(self._ops.purge(thread_id, names))
         return deleted
 
     def records(self, *, thread_id: str | None = None) -> Iterator[Record]:
-        client = self.client
         if thread_id is not None:
-            names = [
-                _text(m) for m in typing.cast("list[bytes | str]", client.zrange(self._thread_tag(thread_id), 0, -1))
-            ]
+            names = self._run(self._ops.members(thread_id, 0))
         else:
-            # The prefix holds no glob character (checked in __init__).
-            names = [_text(n) for n in client.scan_iter(match=f"{self.prefix}:{{*}}:*", count=_BATCH)]
+            # The prefix holds no glob character (checked in __init__); a cluster client scans every primary.
+            names = [_text(n) for n in self.client.scan_iter(match=f"{self.prefix}:{{*}}:*", count=_BATCH)]
         found: list[Record] = []
         for start in range(0, len(names), _BATCH):
-            batch = [(key, name) for name in names[start : start + _BATCH] if (key := self._parse(name)) is not None]
-            pipe = client.pipeline(transaction=False)
-            for _, name in batch:
-                pipe.hgetall(name)
-            for (key, _), reply in zip(batch, pipe.execute(), strict=True):
-                if reply:
-                    found.append(_record(key, _fields(reply)))
+            batch: list[Record] = self._run(self._ops.read(names[start : start + _BATCH]))
+            found += batch
         return iter(sorted(found, key=lambda r: r.created_at))
-
-
-def _warn_if_unbounded(client: redis.Redis | redis.asyncio.Redis) -> None:
-    """A client passed in is the caller's: say once if it can wait forever on a stalled server."""
-    pool = client.connection_pool
-    try:  # a connection object, not connected: the pool's settings with the class's defaults filled in
-        socket_timeout = getattr(pool.connection_class(**pool.connection_kwargs), "socket_timeout", None)
-    except Exception:  # a connection class we cannot build alone: trust what the pool was given
-        socket_timeout = pool.connection_kwargs.get("socket_timeout")
-    if socket_timeout is None:
-        warnings.warn(
-            "RedisLedger was given a Redis client without socket_timeout: a stalled server can block every "
-            "protected call for as long as it stalls. Create the client with socket_timeout= and "
-            "socket_connect_timeout=, or pass a redis:// URL (the ledger then sets both).",
-            ReplaySafeWarning,
-            stacklevel=3,
-        )
-
-
-def _register(client: redis.Redis | redis.asyncio.Redis) -> dict[str, Any]:
-    """The scripts as ``register_script`` objects: ``EVALSHA``, loading the script once if the server lacks it."""
-    scripts = {
-        "claim": _CLAIM,
-        "complete": _COMPLETE,
-        "takeover": _TAKEOVER,
-        "release": _RELEASE,
-        "renew": _RENEW,
-        "delete": _DELETE,
-    }
-    return {name: client.register_script(text) for name, text in scripts.items()}
 
 
 class _AsyncRedisLedger:
     """``RedisLedger.aio`` on ``redis.asyncio``: a client per event loop (its connections belong to that loop)."""
 
+    claim = _async(_Operations.claim)
+    takeover = _async(_Operations.takeover)
+    complete = _async(_Operations.complete)
+    release = _async(_Operations.release)
+    renew = _async(_Operations.renew)
+    get = _async(_Operations.get)
+    get_many = _async(_Operations.get_many)
+
     def __init__(self, ledger: RedisLedger) -> None:
         self._ledger = ledger
+        self._ops = ledger._ops
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = weakref.WeakKeyDictionary()
-        self._shared: dict[str, Any] | None = None
 
-    def _scripts(self) -> tuple[redis.asyncio.Redis, dict[str, Any]]:
+    def _client(self) -> Any:
         shared = self._ledger._shared_aio
         if shared is not None:
-            if self._shared is None:
-                self._shared = _register(shared)
-            return shared, self._shared
+            return shared
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
         if entry is None:
-            entry = self._clients[loop] = _LoopClient(self._ledger._new_async_client())
+            entry = self._clients[loop] = _LoopClient(self._ledger._new_client(asynchronous=True))
             entry.watch(loop)
-        return entry.client, entry.scripts
+        return entry.client
+
+    async def _run(self, op: _Op[_T]) -> _T:
+        """The async runner: ``RedisLedger._run`` on this loop's client."""
+        client = self._client()
+        if self._ledger.cluster:  # redis-py's asyncio cluster client: commands racing its start-up can fail
+            await client.initialize()
+        try:
+            return op.parse(await op.send(client))
+        except redis.exceptions.NoScriptError:
+            await asyncio.gather(*_load_scripts(client))
+            return op.parse(await op.send(client))
 
     def _forget_parent_connections(self) -> None:
         self._ledger._orphans += self._clients.values()
         self._clients = weakref.WeakKeyDictionary()
-        self._shared = None
 
     async def aclose(self) -> None:
         entry = self._clients.pop(asyncio.get_running_loop(), None)
@@ -646,62 +917,9 @@ class _AsyncRedisLedger:
             entry.close(loop)
         self._clients.clear()
 
-    async def claim(
-        self,
-        key: CallKey,
-        *,
-        tool_name: str,
-        args_digest: str,
-        owner: str,
-        now: dt.datetime,
-        lease_expires_at: dt.datetime,
-    ) -> ClaimResult:
-        _, scripts = self._scripts()
-        args = self._ledger._claim_args(key, tool_name, args_digest, owner, now, lease_expires_at)
-        reply = await scripts["claim"](**args)
-        if reply == 1:
-            return ClaimResult(Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at), True)
-        return ClaimResult(_record(key, _fields(reply)), False)
-
-    async def takeover(
-        self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime
-    ) -> Record | None:
-        _, scripts = self._scripts()
-        if await scripts["takeover"](**self._ledger._takeover_args(record, owner, now, lease_expires_at)) != 1:
-            return None
-        return record.taken_over_by(owner, now, lease_expires_at)
-
-    async def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
-        _, scripts = self._scripts()
-        return bool(await scripts["complete"](**self._ledger._complete_args(key, owner, status, result, now)) == 1)
-
-    async def release(self, key: CallKey, *, owner: str) -> bool:
-        _, scripts = self._scripts()
-        return bool(await scripts["release"](keys=self._ledger._keys(key), args=[owner]) == 1)
-
-    async def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
-        _, scripts = self._scripts()
-        return bool(await scripts["renew"](**self._ledger._renew_args(key, owner, lease_expires_at)) == 1)
-
-    async def get(self, key: CallKey) -> Record | None:
-        client, _ = self._scripts()
-        fields = _fields(await client.hgetall(self._ledger._keys(key)[0]))
-        return _record(key, fields) if fields else None
-
-    async def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
-        wanted = list(dict.fromkeys(keys))
-        if not wanted:
-            return {}
-        client, _ = self._scripts()
-        pipe = client.pipeline(transaction=False)
-        for key in wanted:
-            pipe.hgetall(self._ledger._keys(key)[0])
-        replies = await pipe.execute()
-        return {key: _record(key, _fields(reply)) for key, reply in zip(wanted, replies, strict=True) if reply}
-
 
 class _LoopClient:
-    """An asyncio client and its scripts, closed before its event loop ends.
+    """An asyncio client, closed before its event loop ends.
 
     Its sockets belong to the loop; once the loop is closed they cannot be closed
     cleanly. ``asyncio.run()`` and other runners finalize async generators
@@ -709,9 +927,8 @@ class _LoopClient:
     parked on the loop is the hook that closes the client in time.
     """
 
-    def __init__(self, client: redis.asyncio.Redis) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
-        self.scripts = _register(client)
         self._guard: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -733,7 +950,10 @@ class _LoopClient:
             await self.aclose()
 
     async def aclose(self) -> None:
-        await self.client.aclose(close_connection_pool=True)
+        if isinstance(self.client, redis.asyncio.cluster.RedisCluster):
+            await self.client.aclose()
+        else:
+            await self.client.aclose(close_connection_pool=True)
 
     def close(self, loop: asyncio.AbstractEventLoop) -> None:
         """Close from sync code: now if the loop is idle, soon if it runs; a closed loop already did."""

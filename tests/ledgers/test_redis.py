@@ -100,9 +100,9 @@ def test_real_short_ttl_expires_records_natively(redis_url: str) -> None:
         assert claim(ledger, done) and claim(ledger, doubt)
         assert ledger.complete(done, owner="o#1", status=Status.COMPLETED, result="1", now=NOW)
         assert ledger.complete(doubt, owner="o#1", status=Status.IN_DOUBT, result=None, now=NOW)
-        record_key, index_key = ledger._keys(done)
+        record_key, index_key = ledger._ops.keys(done)
         assert 0 < ledger.client.pttl(record_key) <= 300
-        assert ledger.client.pttl(ledger._keys(doubt)[0]) == -1  # in doubt: kept until settled
+        assert ledger.client.pttl(ledger._ops.keys(doubt)[0]) == -1  # in doubt: kept until settled
         stored = ledger.get(done)
         assert stored is not None and stored.expires_at == NOW + dt.timedelta(seconds=0.3)
         deadline = time.monotonic() + 10
@@ -121,7 +121,7 @@ def test_the_index_expires_with_its_last_record(redis_url: str) -> None:
     with RedisLedger(server, prefix=prefix, ttl=0.2) as ledger:
         key = CallKey("t", "m", "c")
         assert claim(ledger, key)
-        index_key = ledger._keys(key)[1]
+        index_key = ledger._ops.keys(key)[1]
         assert ledger.client.pttl(index_key) == -1  # a running record: the index must stay
         assert ledger.complete(key, owner="o#1", status=Status.COMPLETED, result="1", now=NOW)
         assert 0 < ledger.client.pttl(index_key) <= 200
@@ -188,7 +188,8 @@ def test_a_shared_sync_client_is_used_and_left_open(redis_url: str) -> None:
     assert asyncio.run(finish())
     ledger.close()
     assert client.ping()
-    assert client.hget(ledger._keys(key)[0], "status") == b"completed"
+    stored = ledger.get(key)  # through the shared client, still open
+    assert stored is not None and stored.status is Status.COMPLETED
     client.close()
 
 
