@@ -180,6 +180,73 @@ class RedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class RedisClusterNodes:
+    """A throwaway Redis Cluster: six ``redis-server --cluster-enabled yes`` nodes on free ports in a
+    temporary directory (three primaries, a replica each), made one by ``redis-cli --cluster create``."""
+
+    def __init__(self, nodes: int = 6) -> None:
+        self.server = shutil.which("redis-server")
+        self.cli = shutil.which("redis-cli")
+        if self.server is None or self.cli is None:
+            raise FileNotFoundError("redis-server and redis-cli are needed for a local Redis Cluster")
+        self.dir = Path(tempfile.mkdtemp(prefix="replaysafe-redis-cluster-"))
+        # Each node also listens on a cluster bus port; both are chosen free (the default, port + 10000, may not be).
+        self.ports = [(free_port(), free_port()) for _ in range(nodes)]
+        self.url = f"redis://127.0.0.1:{self.ports[0][0]}"
+        self._processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        assert self.server is not None and self.cli is not None
+        for port, bus in self.ports:
+            home = self.dir / str(port)
+            home.mkdir()
+            self._processes.append(
+                subprocess.Popen(
+                    [self.server, "--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
+                     "--cluster-enabled", "yes", "--cluster-config-file", str(home / "nodes.conf"),
+                     "--cluster-node-timeout", "5000", "--save", "", "--appendonly", "no", "--dir", str(home),
+                     "--logfile", str(home / "log")],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )  # fmt: skip
+        for port, _ in self.ports:
+            _wait_until(lambda port=port: redis_answers(f"redis://127.0.0.1:{port}"), f"redis-server on port {port}")
+        nodes = [f"127.0.0.1:{port}" for port, _ in self.ports]
+        subprocess.run(
+            [self.cli, "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        _wait_until(self._ready, "the Redis Cluster's cluster_state:ok on every node", timeout=60)
+
+    def _ready(self) -> bool:
+        for port, _ in self.ports:
+            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+            try:
+                info = client.cluster("info")
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+            if not (isinstance(info, dict) and info.get("cluster_state") == "ok"):  # redis-py parses CLUSTER INFO
+                return False
+        return True
+
+    def destroy(self) -> None:
+        for process in self._processes:
+            process.terminate()
+        for process in self._processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._processes.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class PostgresWireCounter:
     """A TCP proxy in front of PostgreSQL that counts the client's protocol round trips.
 
