@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import os
 import sys
 from collections.abc import Sequence
 
@@ -13,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="replaysafe", description="Stop AI agents from repeating side effects after a crash."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo = commands.add_parser(
         "demo",
@@ -29,6 +32,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version() -> str:
+    """The installed distribution's version, whatever name it is published under: the one whose
+    ``replaysafe`` command is this one (another project may own the name ``replaysafe``)."""
+    for script in importlib.metadata.entry_points(group="console_scripts", name="replaysafe"):
+        if script.value == "replaysafe._cli:main" and script.dist is not None:
+            return f"{script.dist.version} ({script.dist.metadata['Name']})"
+    return "(not installed: run from a checkout)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo" and args.in_doubt:
@@ -40,7 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return demo()
     if args.command == "ledger":
-        return ledger_commands.run(args)
+        try:
+            return ledger_commands.run(args)
+        except BrokenPipeError:  # the reader (| head) left: stop quietly, as other commands do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
     raise AssertionError(args.command)  # pragma: no cover - argparse rejects unknown commands
 
 

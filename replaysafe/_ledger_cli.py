@@ -1,25 +1,31 @@
 """``replaysafe ledger ...``: inspect and settle a ledger after an incident.
 
-Exit codes: 0 done; 1 no such record (or nothing matched); 2 bad usage; 3 the ledger
-cannot be opened (unreachable, wrong URL, missing table); 4 the operator did not confirm;
-5 the ledger seals its records and no signing key was given.
+Exit codes: 0 done; 1 no such record, nothing matched (a page past the end, a ledger
+holding no record) or the record cannot be settled; 2 bad usage; 3 the ledger cannot be
+opened (unreachable, wrong URL, missing database or table); 4 the operator did not
+confirm; 5 the ledger seals its records and no signing key was given.
 
-The command never vouches for what it cannot check: without the signing key a sealed
-record's seal is reported unverified, and a result is never written unsealed into a
-ledger that seals. Every string read from the store is escaped in human output, so an
-id holding a newline or a terminal escape sequence cannot forge or hide lines.
+Options go before or after the action (``ledger --ledger URL list`` is ``ledger list
+--ledger URL``). ``--json`` makes every action print one JSON document on stdout (and its
+questions and notes on stderr). The command never vouches for what it cannot check:
+without the signing key a sealed record's seal is reported unverified, and a result is
+never written unsealed into a ledger that seals. Every string read from the store is
+escaped in human output, so an id holding a newline or a terminal escape sequence cannot
+forge or hide lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
 import re
+import sqlite3
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,15 +33,21 @@ from ._clock import utcnow
 from ._codec import JsonSerializer
 from ._constants import LEDGER_URL_ENV
 from ._core import Verdict, judge
+from ._drivers import _reason as error_text
 from ._errors import TamperedRecordError
+from ._identity import call_idempotency_key
 from ._records import CallKey, Record, Status
 from ._sealing import FINISHED, SIGNING_KEY_ENV, is_sealed, unsealed
 from .ledgers import Ledger, open_ledger
+from .ledgers._protocol import diagnose
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_LEDGER, EXIT_DECLINED, EXIT_NO_KEY = 0, 1, 2, 3, 4, 5
-STATUSES = ("running", "completed", "failed", "in-doubt", "paused")
+#: The states ``list --status`` and ``stats`` know, named as ``Status`` names them.
+STATUSES = ("running", "completed", "failed", "in_doubt", "paused")
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: The same records in every ledger: SQLSTATEs of a missing table or schema, SQLite's text.
+_MISSING_TABLE_STATES = ("42P01", "3F000")
 
 
 class CommandError(Exception):
@@ -52,42 +64,100 @@ def age(text: str) -> dt.timedelta:
     return dt.timedelta(seconds=float(match[1]) * _UNITS[match[2]])
 
 
-def add_commands(commands: Any) -> None:
-    ledger = commands.add_parser(
-        "ledger",
-        help="inspect and settle the records of a ledger",
-        description="Inspect and settle a ledger's records. Exit codes: 0 done, 1 no such record, 2 bad usage, "
-        "3 ledger unreachable / wrong URL / missing table, 4 not confirmed, 5 the ledger seals its records and "
-        "no signing key was given.",
+def moment(text: str) -> dt.datetime | dt.timedelta:
+    """An age (``1h``: that long ago) or an absolute ISO 8601 time (UTC unless it names its offset)."""
+    if _AGE.fullmatch(text.strip()):
+        return age(text)
+    iso = text.strip()
+    if iso.endswith(("Z", "z")):
+        iso = iso[:-1] + "+00:00"  # Python 3.10's fromisoformat does not take a Z
+    try:
+        when = dt.datetime.fromisoformat(iso)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an age (90s, 15m, 1h, 30d, 2w) nor an ISO time (2026-12-03T07:00:00Z)"
+        ) from None
+    return when.replace(tzinfo=dt.timezone.utc) if when.tzinfo is None else when.astimezone(dt.timezone.utc)
+
+
+def status(text: str) -> str:
+    """A status as ``Status`` names it; ``in-doubt`` is taken for ``in_doubt``."""
+    name = text.strip().lower().replace("-", "_")
+    if name not in STATUSES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a status: choose from {', '.join(STATUSES)}")
+    return name
+
+
+def _options(parser: argparse.ArgumentParser, *, below: bool) -> None:
+    """The options every action takes, before or after the action's name. Below the action they
+    default to nothing at all, so that a value given before the action is not overwritten."""
+    default: Any = argparse.SUPPRESS if below else None
+    parser.add_argument(
+        "--ledger", metavar="URL", default=default, help=f"the ledger's URL (default: ${LEDGER_URL_ENV})"
     )
-    ledger.add_argument("--ledger", metavar="URL", help=f"the ledger's URL (default: ${LEDGER_URL_ENV})")
-    ledger.add_argument(
+    parser.add_argument(
         "--signing-key-file",
         metavar="PATH",
+        default=default,
         help=f"a file holding the ledger's signing key(s), comma- or newline-separated, the first signs (default: "
         f"${SIGNING_KEY_ENV}); needed to check seals and to record a result in a ledger that seals. A file, not "
         "the key itself: a command line is visible to every user of the machine",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if below else False,
+        help="print one JSON document, for scripts (questions and notes go to stderr)",
+    )
+
+
+def _action(actions: Any, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = actions.add_parser(name, help=help, description=description)
+    _options(parser, below=True)
+    return parser
+
+
+def add_commands(commands: Any) -> None:
+    ledger = commands.add_parser(
+        "ledger",
+        help="inspect and settle the records of a ledger",
+        description="Inspect and settle a ledger's records. Exit codes: 0 done, 1 no such record or nothing "
+        "matched, 2 bad usage, 3 ledger unreachable / wrong URL / missing database or table, 4 not confirmed, "
+        "5 the ledger seals its records and no signing key was given.",
+    )
+    _options(ledger, below=False)
     actions = ledger.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    listing = actions.add_parser("list", help="list records, newest first", description="List records, newest first.")
+    listing = _action(actions, "list", "list records, newest first", "List records, newest first, a page at a time.")
     listing.add_argument("--thread", help="only this thread")
-    listing.add_argument("--status", choices=STATUSES, help="only records in this state")
+    listing.add_argument("--message", help="only this message")
     listing.add_argument("--tool", help="only this tool")
-    listing.add_argument("--since", type=age, metavar="AGE", help="only records updated within AGE (1h, 30d)")
-    listing.add_argument("--limit", type=int, default=50, help="records per page (default 50)")
-    listing.add_argument("--page", type=int, default=1, help="page number, from 1")
-    listing.add_argument("--json", action="store_true", help="one JSON document, for scripts")
+    listing.add_argument(
+        "--status", type=status, metavar="STATUS", help=f"only records in this state: {', '.join(STATUSES)}"
+    )
+    listing.add_argument(
+        "--since", type=moment, metavar="WHEN", help="only records updated since WHEN: an age (1h, 30d) or an ISO time"
+    )
+    listing.add_argument(
+        "--until", type=moment, metavar="WHEN", help="only records updated before WHEN: an age (1h, 30d) or an ISO time"
+    )
+    listing.add_argument("--limit", type=int, default=None, help="records per page (default 50)")
+    listing.add_argument("--page", type=int, default=None, help="page number, from 1")
+    listing.add_argument(
+        "--jsonl", action="store_true", help="one JSON object per line, every matching record (no paging unless asked)"
+    )
 
-    show = actions.add_parser("show", help="one record, its result decoded", description="Show one record.")
+    show = _action(
+        actions, "show", "one record, its result decoded", "Show one record, its idempotency key and its result."
+    )
     _add_key(show)
-    show.add_argument("--json", action="store_true", help="as JSON")
 
-    resolve = actions.add_parser(
+    resolve = _action(
+        actions,
         "resolve",
-        help="settle an in-doubt call",
-        description="Settle an in-doubt call: record its result, or let the next replay run it again. A call "
-        "whose owner is still alive is refused unless --force.",
+        "settle an in-doubt call",
+        "Settle an in-doubt call: record its result, or let the next replay run it again. A call whose owner is "
+        "still alive, or that is already finished, is refused unless --force.",
     )
     _add_key(resolve)
     how = resolve.add_mutually_exclusive_group(required=True)
@@ -96,23 +166,40 @@ def add_commands(commands: Any) -> None:
     resolve.add_argument(
         "--force",
         action="store_true",
-        help="settle a call even though its owner is alive (a stuck call); the owner, if it finishes, reports a "
-        "duplicate execution",
+        help="settle a call even though its owner is alive (a stuck call; the owner, if it finishes, reports a "
+        "duplicate execution) or it is already finished (its recorded result cannot be read)",
     )
     resolve.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
-    purge = actions.add_parser("purge", help="delete records in bounded batches", description="Delete records.")
+    delete = _action(
+        actions,
+        "delete",
+        "delete one record, so the call may run again",
+        "Delete one call's record (a recorded failure to retry, a record to drop): the next replay runs the tool "
+        "again. A call whose owner is still alive is refused unless --force.",
+    )
+    _add_key(delete)
+    delete.add_argument(
+        "--force", action="store_true", help="delete it even though its owner is alive (the call may then run twice)"
+    )
+    delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    purge = _action(
+        actions, "purge", "delete records in bounded batches", "Delete records, after asking (unless --yes)."
+    )
     which = purge.add_mutually_exclusive_group(required=True)
     which.add_argument("--thread", help="every record of this thread")
     which.add_argument("--expired", action="store_true", help="records whose ttl has passed")
     which.add_argument("--older-than", type=age, metavar="AGE", help="finished records not updated for AGE (30d)")
     purge.add_argument("--batch-size", type=int, default=1000, help="records deleted per batch (default 1000)")
     purge.add_argument("--dry-run", action="store_true", help="only count what would be deleted")
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
-    actions.add_parser(
+    _action(
+        actions,
         "stats",
-        help="counts per status and tool; the oldest in-doubt call; running calls past their lease",
-        description="Stats.",
+        "counts per status and tool; the oldest in-doubt call; running calls past their lease",
+        "Counts per status and per tool, the oldest in-doubt call, and running calls past their lease.",
     )
 
 
@@ -122,15 +209,53 @@ def _add_key(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("tool_call_id", metavar="CALL")
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout, stdin: TextIO = sys.stdin) -> int:
+@dataclasses.dataclass
+class Output:
+    """Where an action writes: its answer on ``out``; with ``--json`` its questions and notes on ``err``,
+    so that stdout holds exactly one JSON document."""
+
+    out: TextIO
+    err: TextIO
+    stdin: TextIO
+    as_json: bool
+
+    def say(self, text: str) -> None:
+        print(text, file=self.err if self.as_json else self.out, flush=True)
+
+    def answer(self, text: str) -> None:
+        """The action's result line: on stdout in human mode, nowhere with ``--json`` (the document says it)."""
+        if not self.as_json:
+            print(text, file=self.out)
+
+    def document(self, value: Any) -> None:
+        if self.as_json:
+            json.dump(value, self.out, indent=2)
+            self.out.write("\n")
+
+    def confirm(self, question: str, yes: bool) -> bool:
+        if yes:
+            return True
+        stream = self.err if self.as_json else self.out
+        print(f"{question} [y/N] ", end="", file=stream, flush=True)
+        return self.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def run(args: argparse.Namespace, out: TextIO = sys.stdout, stdin: TextIO = sys.stdin, err: TextIO = sys.stderr) -> int:
+    output = Output(out, err, stdin, bool(getattr(args, "json", False)))
     try:
-        ledger = _open(args.ledger or os.environ.get(LEDGER_URL_ENV), _signing_keys(args.signing_key_file))
+        from_env = not args.ledger
+        url = args.ledger or os.environ.get(LEDGER_URL_ENV)
+        ledger = _open(url, _signing_keys(args.signing_key_file), from_env=from_env)
         with ledger:
-            return {"list": _list, "show": _show, "resolve": _resolve, "purge": _purge, "stats": _stats}[args.action](
-                ledger, args, out, stdin
-            )
+            action = _ACTIONS[args.action]
+            try:
+                return action(ledger, args, output)
+            except (CommandError, BrokenPipeError):
+                raise
+            except Exception as exc:
+                raise _ledger_failure(ledger, exc) from exc
     except CommandError as exc:
-        print(f"replaysafe ledger: {printable(str(exc))}", file=sys.stderr)
+        print(f"replaysafe ledger {args.action}: {printable(str(exc))}", file=err)
         return exc.code
 
 
@@ -156,43 +281,75 @@ def _signing_keys(path: str | None) -> list[str] | None:
     return keys
 
 
-def _open(url: str | None, signing_keys: list[str] | None = None) -> Ledger:
+def _open(url: str | None, signing_keys: list[str] | None = None, *, from_env: bool = False) -> Ledger:
     if not url:
         raise CommandError(f"no ledger: pass --ledger URL or set {LEDGER_URL_ENV}", EXIT_USAGE)
+    where = f"${LEDGER_URL_ENV} names no usable ledger: " if from_env else ""
     scheme = url.partition(":")[0].lower().partition("+")[0]
     options: dict[str, Any] = {}
     if scheme == "memory":
-        raise CommandError("a memory:// ledger lives inside one process: there is nothing to inspect", EXIT_USAGE)
+        raise CommandError(
+            f"{where}a memory:// ledger lives inside one process: there is nothing to inspect", EXIT_USAGE
+        )
     if scheme == "sqlite":
         path = Path(url.partition("?")[0].split(":///", 1)[-1])
         if not path.is_file():
-            raise CommandError(f"no ledger file at {path}", EXIT_LEDGER)
+            raise CommandError(f"{where}no replaysafe records here: no ledger file at {path}", EXIT_LEDGER)
     if scheme in ("sqlite", "postgres", "postgresql"):
         options["create_schema"] = False  # an operator's typo must not create an empty ledger
     if signing_keys is not None:
         options["signing_key"] = signing_keys
     try:
         ledger = open_ledger(url, **options)
+    except (ValueError, TypeError) as exc:
+        raise CommandError(f"{where}{exc}", EXIT_USAGE) from exc
+    try:
         ledger.get(CallKey("replaysafe-cli-probe", "-", "-"))
-    except ValueError as exc:
-        raise CommandError(str(exc), EXIT_USAGE) from exc
     except Exception as exc:
-        cause = getattr(exc, "orig", None) or exc
-        text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        if re.search(r"no such table|does not exist|UndefinedTable", f"{type(cause).__name__} {text}"):
-            raise CommandError(
-                f"the ledger's table is missing ({text}). The first protected call creates it, or apply the DDL "
-                "in docs/ledgers.md.",
-                EXIT_LEDGER,
-            ) from exc
-        raise CommandError(f"cannot reach the ledger ({type(cause).__name__}: {text})", EXIT_LEDGER) from exc
+        ledger.close()
+        raise _ledger_failure(ledger, exc, where) from exc
     return ledger
+
+
+def _ledger_failure(ledger: Ledger, exc: BaseException, where: str = "") -> CommandError:
+    """A ledger operation failed: a missing table is "no records here", anything else the ledger's own fix."""
+    cause = getattr(exc, "orig", None) or exc  # the driver's error, not SQLAlchemy's wrapper
+    if getattr(cause, "sqlstate", None) in _MISSING_TABLE_STATES or (
+        isinstance(cause, sqlite3.OperationalError) and str(cause).startswith("no such table")
+    ):
+        table = getattr(getattr(ledger, "table", None), "fullname", "its table")
+        return CommandError(
+            f"{where}no replaysafe records here: {ledger!r} has no table {table} ({_mistyped(ledger)}?). The "
+            "first protected call creates it, or apply ledger.ddl() (docs/ledgers.md).",
+            EXIT_LEDGER,
+        )
+    fault = diagnose(ledger, exc)
+    reason = error_text(cause)  # the driver's text only where it cannot hold a stored value
+    verb = "cannot reach the ledger" if fault.transient else "cannot use the ledger"
+    return CommandError(f"{where}{verb} {ledger!r} ({reason}). {fault.fix}", EXIT_LEDGER)
+
+
+def _mistyped(ledger: Ledger) -> str:
+    """What an operator most likely mistyped to reach a ledger with nothing in it."""
+    return {
+        "RedisLedger": "a mistyped ?prefix= or database number",
+        "PostgresLedger": "a mistyped database, ?schema= or ?table=",
+        "SqliteLedger": "another file, or a mistyped ?table=",
+    }.get(type(ledger).__name__, "a mistyped URL")
+
+
+def _nothing_here(ledger: Ledger) -> CommandError:
+    """A ledger that holds no record at all: most often a mistyped prefix, schema or file, so say what was
+    looked at."""
+    return CommandError(
+        f"no replaysafe records here: {ledger!r} holds no record ({_mistyped(ledger)}?)", EXIT_NOT_FOUND
+    )
 
 
 def _state(record: Record, now: dt.datetime) -> str:
     """The status an operator cares about: a running record whose owner died is in doubt."""
     if record.status in (Status.RUNNING, Status.IN_DOUBT) and judge(record, now) is Verdict.IN_DOUBT:
-        return "in-doubt"
+        return Status.IN_DOUBT.value
     return record.status.value
 
 
@@ -208,21 +365,51 @@ def _short(text: str, width: int = 24) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _list(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+def _at(when: dt.datetime | dt.timedelta, now: dt.datetime) -> dt.datetime:
+    return now - when if isinstance(when, dt.timedelta) else when
+
+
+def _all_records(ledger: Ledger, thread_id: str | None = None) -> list[Record]:
+    """The records (of one thread); a ledger holding none at all is said to be empty, with what was looked at."""
+    records = list(ledger.records(thread_id=thread_id))
+    if not records and (thread_id is None or next(iter(ledger.records()), None) is None):
+        raise _nothing_here(ledger)
+    return records
+
+
+def _list(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     now = utcnow()
+    since = _at(args.since, now) if args.since is not None else None
+    until = _at(args.until, now) if args.until is not None else None
     records = [
         r
-        for r in ledger.records(thread_id=args.thread)
+        for r in _all_records(ledger, args.thread)
         if (args.status is None or _state(r, now) == args.status)
+        and (args.message is None or r.key.message_id == args.message)
         and (args.tool is None or r.tool_name == args.tool)
-        and (args.since is None or r.updated_at >= now - args.since)
+        and (since is None or r.updated_at >= since)
+        and (until is None or r.updated_at < until)
     ]
     records.sort(key=lambda r: r.updated_at, reverse=True)
-    limit, page = max(1, args.limit), max(1, args.page)
-    shown = records[(page - 1) * limit : page * limit]
-    if args.json:
-        json.dump({"total": len(records), "page": page, "records": [_summary(r, now) for r in shown]}, out, indent=2)
-        out.write("\n")
+    if args.jsonl and args.limit is None and args.page is None:
+        shown, page, pages = records, 1, 1  # an export: every matching record
+    else:
+        limit, page = max(1, args.limit or 50), max(1, args.page or 1)
+        pages = max(1, -(-len(records) // limit))
+        if page > pages:
+            raise CommandError(
+                f"page {page} is past the end: {len(records)} matching record(s) make {pages} page(s) of {limit}",
+                EXIT_NOT_FOUND,
+            )
+        shown = records[(page - 1) * limit : page * limit]
+    if args.jsonl:
+        for record in shown:
+            output.out.write(json.dumps(_summary(record, now)) + "\n")
+        return EXIT_OK
+    if output.as_json:
+        output.document(
+            {"total": len(records), "page": page, "pages": pages, "records": [_summary(r, now) for r in shown]}
+        )
         return EXIT_OK
     columns = ("THREAD", "MESSAGE", "CALL", "TOOL", "STATUS", "ATTEMPTS", "AGE", "OWNER")
     rows = [
@@ -238,9 +425,8 @@ def _list(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO) 
         )
         for r in shown
     ]
-    _table(out, columns, rows)
-    pages = max(1, -(-len(records) // limit))
-    print(f"{len(records)} record(s); page {page} of {pages}", file=out)
+    _table(output.out, columns, rows)
+    print(f"{len(records)} record(s); page {page} of {pages}", file=output.out)
     return EXIT_OK
 
 
@@ -257,6 +443,8 @@ def _summary(record: Record, now: dt.datetime) -> dict[str, Any]:
         "message_id": record.key.message_id,
         "tool_call_id": record.key.tool_call_id,
         "tool_name": record.tool_name,
+        # What the call handed its provider: look the effect up by it before settling the call.
+        "idempotency_key": call_idempotency_key(*record.key, record.tool_name),
         "status": _state(record, now),
         "stored_status": record.status.value,
         "attempt": record.attempt,
@@ -309,16 +497,16 @@ def _decoded(ledger: Ledger, record: Record) -> tuple[str, Any]:
         return "undecodable", text
 
 
-def _show(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+def _show(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     record = _record(ledger, args)
     summary = _summary(record, utcnow())
     check, value = _decoded(ledger, record)
     summary["result_check"] = check
     summary["result"] = value
-    if args.json:
-        json.dump(summary, out, indent=2)
-        out.write("\n")
+    if output.as_json:
+        output.document(summary)
         return EXIT_OK
+    out = output.out
     for name, field in summary.items():
         if name == "result_check":
             print(f"{name:>16}: {check} ({_CHECKS[check]})", file=out)
@@ -343,8 +531,33 @@ def _ledger_seals(ledger: Ledger, record: Record) -> bool | None:
     return None
 
 
-def _resolve(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
-    record = _record(ledger, args)
+def _refuse_a_live_owner(record: Record, now: dt.datetime, force: bool) -> bool:
+    """Whether the record's owner is alive (a running call); refused unless ``force``."""
+    live_owner = judge(record, now) is Verdict.WAIT  # only a running record with a live owner waits
+    if live_owner and not force:
+        raise CommandError(
+            f"{record.tool_name} ({record.key}) is still running in {record.owner}, which is alive (lease until "
+            f"{record.lease_expires_at.isoformat()}). Wait for it; if you know it is stuck, pass --force. "
+            "Nothing was changed.",
+            EXIT_NOT_FOUND,
+        )
+    return live_owner
+
+
+def _describe(record: Record, now: dt.datetime) -> str:
+    return (
+        f"{printable(record.tool_name)} ({record.key}) is {_state(record, now)}, attempt {record.attempt}, owner "
+        f"{printable(record.owner)}, idempotency key {call_idempotency_key(*record.key, record.tool_name)}."
+    )
+
+
+_LIVE_OWNER_NOTE = (
+    "Its owner is alive: forcing it, the owner will find its claim gone when it finishes and report a duplicate "
+    "execution."
+)
+
+
+def _resolve(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     if args.rerun:
         what = "remove its record, so the next replay runs the tool again"
         result: Any = None
@@ -354,6 +567,7 @@ def _resolve(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextI
         except ValueError as exc:
             raise CommandError(f"--result must be JSON ({exc})", EXIT_USAGE) from exc
         what = f"record {json.dumps(result)} as its result"
+    record = _record(ledger, args)
     seals = None if args.rerun or ledger.sealer is not None else _ledger_seals(ledger, record)
     if seals:
         # Written unsealed, the result would make every replay raise TamperedRecordError.
@@ -364,105 +578,145 @@ def _resolve(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextI
             EXIT_NO_KEY,
         )
     now = utcnow()
-    live_owner = judge(record, now) is Verdict.WAIT  # only a running record with a live owner waits
-    if live_owner and not args.force:
-        raise CommandError(
-            f"{record.tool_name} ({record.key}) is still running in {record.owner}, which is alive (lease until "
-            f"{record.lease_expires_at.isoformat()}). Wait for it; if you know it is stuck, pass --force. "
-            "Nothing was changed.",
-            EXIT_NOT_FOUND,
-        )
-    state = _state(record, now)
-    print(
-        f"{printable(record.tool_name)} ({record.key}) is {state}, attempt {record.attempt}, owner "
-        f"{printable(record.owner)}.",
-        file=out,
-    )
+    live_owner = _refuse_a_live_owner(record, now, args.force)
+    output.say(_describe(record, now))
     if seals is None and not args.rerun and ledger.sealer is None:
-        print(
+        output.say(
             f"Note: no finished record shows whether this ledger seals its records. If your application signs "
-            f"them, set ${SIGNING_KEY_ENV} or pass --signing-key-file, or a replay will refuse this result.",
-            file=out,
+            f"them, set ${SIGNING_KEY_ENV} or pass --signing-key-file, or a replay will refuse this result."
         )
     if live_owner:
-        print(
-            "Its owner is alive: forcing it, the owner will find its claim gone when it finishes and report a "
-            "duplicate execution.",
-            file=out,
-        )
-    if not args.yes:
-        print(f"Settle it: {what}? [y/N] ", end="", file=out, flush=True)
-        if stdin.readline().strip().lower() not in ("y", "yes"):
-            print("not settled", file=out)
-            return EXIT_DECLINED
+        output.say(_LIVE_OWNER_NOTE)
+    if not output.confirm(f"Settle it: {what}?", args.yes):
+        output.say("not settled")
+        return EXIT_DECLINED
     try:
         if args.rerun:
-            ledger.resolve(record.key, rerun=True, force=args.force)
+            settled = ledger.resolve(record.key, rerun=True, force=args.force)
         else:
-            ledger.resolve(record.key, result=result, force=args.force)
+            settled = ledger.resolve(record.key, result=result, force=args.force)
     except (ValueError, LookupError, RuntimeError) as exc:
         raise CommandError(str(exc), EXIT_NOT_FOUND) from exc
-    print(f"settled: {what}", file=out)
+    output.answer(f"settled: {what}")
+    output.document(
+        {
+            "settled": True,
+            "how": "rerun" if args.rerun else "result",
+            "record": _summary(settled, utcnow()) if settled is not None else None,
+        }
+    )
     return EXIT_OK
 
 
-def _purge(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
-    verb = "would delete" if args.dry_run else "deleted"
+def _delete(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
+    record = _record(ledger, args)
+    now = utcnow()
+    live_owner = _refuse_a_live_owner(record, now, args.force)
+    output.say(_describe(record, now))
+    if live_owner:
+        output.say(_LIVE_OWNER_NOTE)
+    if not output.confirm("Delete its record, so the next replay runs the tool again?", args.yes):
+        output.say("not deleted")
+        return EXIT_DECLINED
+    deleted = ledger.delete(record.key)
+    if not deleted:
+        raise CommandError(f"the record of {record.key} was already gone", EXIT_NOT_FOUND)
+    output.answer(f"deleted the record of {printable(record.tool_name)} ({record.key})")
+    output.document({"deleted": 1, "record": _summary(record, now)})
+    return EXIT_OK
+
+
+def _purge(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
+    batch = max(1, args.batch_size)
+    count: Callable[[], int]
+    delete: Callable[[], int]
     if args.expired:
         purge_expired = getattr(ledger, "purge_expired", None)
         if purge_expired is None:
-            print("this ledger expires records by itself (a Redis TTL): nothing to purge", file=out)
+            output.answer("nothing to purge: this ledger expires records by itself (a Redis TTL)")
+            output.document({"dry_run": args.dry_run, "which": "expired", "count": 0, "self_expiring": True})
             return EXIT_OK
-        count = purge_expired(batch_size=max(1, args.batch_size), dry_run=args.dry_run)
-        print(f"{verb} {count} expired record(s)", file=out)
+        which, scope = "expired", "expired record(s)"
+        count = lambda: purge_expired(batch_size=batch, dry_run=True)  # noqa: E731
+        delete = lambda: purge_expired(batch_size=batch, dry_run=False)  # noqa: E731
+    elif args.thread is not None:
+        which, scope = "thread", f"record(s) of thread {args.thread!r}"  # repr escapes what a terminal runs
+        doomed = list(ledger.records(thread_id=args.thread))
+        count = lambda: len(doomed)  # noqa: E731
+        delete = lambda: ledger.purge_thread(args.thread)  # noqa: E731
+    else:
+        cutoff = utcnow() - args.older_than
+        which, scope = "older_than", f"finished record(s) not updated since {cutoff.isoformat()}"
+        keys = [r.key for r in ledger.records() if r.status in FINISHED and r.updated_at < cutoff]
+        count = lambda: len(keys)  # noqa: E731
+        delete = lambda: _delete_in_batches(ledger, keys, batch, output)  # noqa: E731
+    planned = count()
+    if args.dry_run or planned == 0:
+        verb = "would delete" if args.dry_run else "deleted"
+        output.answer(f"{verb} {planned} {scope}" + (" (dry run: nothing was deleted)" if args.dry_run else ""))
+        output.document({"dry_run": args.dry_run, "which": which, "count": planned})
         return EXIT_OK
-    if args.thread is not None:
-        doomed = [r.key for r in ledger.records(thread_id=args.thread)]
-        if not args.dry_run:
-            ledger.purge_thread(args.thread)
-        print(f"{verb} {len(doomed)} record(s) of thread {args.thread!r}", file=out)
-        return EXIT_OK
-    cutoff = utcnow() - args.older_than
-    doomed = [
-        r.key for r in ledger.records() if r.status in (Status.COMPLETED, Status.FAILED) and r.updated_at < cutoff
-    ]
-    total = 0
-    batch = max(1, args.batch_size)
-    for start in range(0, len(doomed), batch):
-        chunk = doomed[start : start + batch]
-        total += len(chunk) if args.dry_run else sum(ledger.delete(key) for key in chunk)
-        print(f"{verb} {total} of {len(doomed)}", file=out)
-    print(f"{verb} {total} finished record(s) not updated since {cutoff.isoformat()}", file=out)
+    if not output.confirm(f"Delete {planned} {scope}?", args.yes):
+        output.say("nothing deleted")
+        return EXIT_DECLINED
+    deleted = delete()
+    output.answer(f"deleted {deleted} {scope}")
+    output.document({"dry_run": False, "which": which, "count": deleted})
     return EXIT_OK
 
 
-def _stats(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+def _delete_in_batches(ledger: Ledger, keys: list[CallKey], batch: int, output: Output) -> int:
+    total = 0
+    for start in range(0, len(keys), batch):
+        total += sum(ledger.delete(key) for key in keys[start : start + batch])
+        if len(keys) > batch:
+            print(f"deleted {total} of {len(keys)}", file=output.err, flush=True)  # progress, off the answer
+    return total
+
+
+def _stats(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     now = utcnow()
-    records = list(ledger.records())
+    records = _all_records(ledger)
     states = Counter(_state(r, now) for r in records)
     tools = Counter((r.tool_name, _state(r, now)) for r in records)
+    in_doubt = [r for r in records if _state(r, now) == Status.IN_DOUBT.value]
+    oldest = min(in_doubt, key=lambda r: r.updated_at) if in_doubt else None
+    # Owner alive, lease over: the call may be stuck under a live process, which nothing takes over.
+    overdue = [r for r in records if _state(r, now) == "running" and r.lease_expires_at <= now]
+    late = min(overdue, key=lambda r: r.lease_expires_at) if overdue else None
+    if output.as_json:
+        by_tool: dict[str, dict[str, int]] = {}
+        for (tool, state), number in sorted(tools.items()):
+            by_tool.setdefault(tool, {})[state] = number
+        output.document(
+            {
+                "total": len(records),
+                "by_status": {state: states.get(state, 0) for state in STATUSES},
+                "by_tool": by_tool,
+                "oldest_in_doubt": _summary(oldest, now) if oldest else None,
+                "running_past_lease": len(overdue),
+                "longest_past_lease": _summary(late, now) if late else None,
+            }
+        )
+        return EXIT_OK
+    out = output.out
     print(f"{len(records)} record(s)", file=out)
     for state in STATUSES:
         print(f"  {state:<10} {states.get(state, 0)}", file=out)
     if tools:
         print("per tool:", file=out)
-        for (tool, state), count in sorted(tools.items()):
-            print(f"  {printable(tool):<24} {state:<10} {count}", file=out)
-    in_doubt = [r for r in records if _state(r, now) == "in-doubt"]
-    if in_doubt:
-        oldest = min(in_doubt, key=lambda r: r.updated_at)
+        for (tool, state), number in sorted(tools.items()):
+            print(f"  {printable(tool):<24} {state:<10} {number}", file=out)
+    if oldest is not None:
         print(
-            f"oldest in-doubt call: {printable(oldest.tool_name)} ({oldest.key}), {_ago(oldest.updated_at, now)} "
+            f"oldest in_doubt call: {printable(oldest.tool_name)} ({oldest.key}), {_ago(oldest.updated_at, now)} "
             f"old, attempt {oldest.attempt}, owner {printable(oldest.owner)}",
             file=out,
         )
     else:
         print("no call is in doubt", file=out)
-    # Owner alive, lease over: the call may be stuck under a live process, which nothing takes over.
-    overdue = [r for r in records if _state(r, now) == "running" and r.lease_expires_at <= now]
     print(f"running past their lease: {len(overdue)}", file=out)
-    if overdue:
-        late = min(overdue, key=lambda r: r.lease_expires_at)
+    if late is not None:
         print(
             f"longest past its lease: {printable(late.tool_name)} ({late.key}), lease ended "
             f"{_ago(late.lease_expires_at, now)} ago, attempt {late.attempt}, owner {printable(late.owner)} (alive). "
@@ -470,3 +724,13 @@ def _stats(ledger: Ledger, args: argparse.Namespace, out: TextIO, stdin: TextIO)
             file=out,
         )
     return EXIT_OK
+
+
+_ACTIONS: dict[str, Callable[[Ledger, argparse.Namespace, Output], int]] = {
+    "list": _list,
+    "show": _show,
+    "resolve": _resolve,
+    "delete": _delete,
+    "purge": _purge,
+    "stats": _stats,
+}

@@ -55,12 +55,12 @@ def test_list_shows_the_incident(durable_ledger_url: str, incident: tuple[CallKe
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["THREAD", "MESSAGE", "CALL", "TOOL", "STATUS", "ATTEMPTS", "AGE", "OWNER"]
     assert "send_email" in lines[1] and "completed" in lines[1]
-    assert "refund_order" in lines[2] and "in-doubt" in lines[2]
+    assert "refund_order" in lines[2] and "in_doubt" in lines[2]
     assert "2 record(s); page 1 of 1" in lines[-1]
     data = json.loads(cli("ledger", "--ledger", durable_ledger_url, "list", "--json", "--status", "in-doubt").stdout)
     found = [r for r in data["records"] if r["thread_id"] == in_doubt.thread_id]
     assert [(r["tool_name"], r["status"], r["stored_status"]) for r in found] == [
-        ("refund_order", "in-doubt", "running")
+        ("refund_order", "in_doubt", "running")
     ]
     by_tool = json.loads(
         cli("ledger", "--ledger", durable_ledger_url, "list", "--json", "--tool", "send_email", "--since", "1h").stdout
@@ -116,22 +116,30 @@ def test_stats(durable_ledger_url: str, incident: tuple[CallKey, CallKey]) -> No
     in_doubt, _ = incident
     stats = cli("ledger", "--ledger", durable_ledger_url, "stats")
     assert stats.returncode == 0, stats.stderr
-    assert "in-doubt" in stats.stdout
-    assert "oldest in-doubt call: refund_order" in stats.stdout
+    assert "in_doubt" in stats.stdout
+    assert "oldest in_doubt call: refund_order" in stats.stdout
     assert in_doubt.thread_id in stats.stdout
 
 
 def test_purge(durable_ledger: Ledger, durable_ledger_url: str, incident: tuple[CallKey, CallKey]) -> None:
-    """purge --dry-run counts, purge deletes, both say how many."""
+    """purge --dry-run counts in one line; purge asks first (declined: nothing deleted, exit 4), deletes
+    when confirmed or with --yes, and says how many."""
     in_doubt, _ = incident
     old = cli("ledger", "--ledger", durable_ledger_url, "purge", "--older-than", "0s", "--dry-run")
     assert old.returncode == 0, old.stderr
-    assert "would delete" in old.stdout
+    assert old.stdout.count("\n") == 1 and old.stdout.startswith("would delete 1 finished record(s) not updated")
     dry = cli("ledger", "--ledger", durable_ledger_url, "purge", "--thread", in_doubt.thread_id, "--dry-run")
-    assert "would delete 2 record(s)" in dry.stdout
+    assert dry.stdout == f"would delete 2 record(s) of thread {in_doubt.thread_id!r} (dry run: nothing was deleted)\n"
+    declined = cli("ledger", "--ledger", durable_ledger_url, "purge", "--thread", in_doubt.thread_id, stdin="n\n")
+    assert declined.returncode == 4, declined.stderr
+    assert f"Delete 2 record(s) of thread {in_doubt.thread_id!r}? [y/N]" in declined.stdout
+    assert "nothing deleted" in declined.stdout
+    unanswered = cli("ledger", "--ledger", durable_ledger_url, "purge", "--thread", in_doubt.thread_id)
+    assert unanswered.returncode == 4  # no terminal, no answer: nothing is deleted
     assert len(list(durable_ledger.records(thread_id=in_doubt.thread_id))) == 2
-    real = cli("ledger", "--ledger", durable_ledger_url, "purge", "--thread", in_doubt.thread_id)
-    assert "deleted 2 record(s)" in real.stdout
+    real = cli("ledger", "--ledger", durable_ledger_url, "purge", "--thread", in_doubt.thread_id, stdin="y\n")
+    assert real.returncode == 0, real.stderr
+    assert f"deleted 2 record(s) of thread {in_doubt.thread_id!r}" in real.stdout
     assert list(durable_ledger.records(thread_id=in_doubt.thread_id)) == []
     expired = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired")
     assert expired.returncode == 0, expired.stderr
@@ -148,7 +156,10 @@ def test_clear_errors_and_exit_codes(tmp_path: Path) -> None:
     assert not (tmp_path / "none.db").exists()
     sqlite3.connect(tmp_path / "empty.db").close()
     no_table = cli("ledger", "--ledger", f"sqlite:///{tmp_path}/empty.db", "stats")
-    assert (no_table.returncode, "table is missing" in no_table.stderr) == (3, True)
+    assert no_table.returncode == 3
+    assert f"no replaysafe records here: SqliteLedger('{tmp_path}/empty.db') has no table tool_executions" in (
+        no_table.stderr
+    )
     for url in ("postgresql://root@127.0.0.1:1/test", "redis://127.0.0.1:1/0"):
         down = cli("ledger", "--ledger", url, "stats")
         assert down.returncode == 3, (url, down.stderr)
@@ -156,7 +167,10 @@ def test_clear_errors_and_exit_codes(tmp_path: Path) -> None:
         assert "Traceback" not in down.stderr
 
 
-@pytest.mark.parametrize("command", [[], ["ledger"], ["ledger", "list"], ["ledger", "resolve"], ["ledger", "purge"]])
+@pytest.mark.parametrize(
+    "command",
+    [[], ["ledger"], *(["ledger", action] for action in ("list", "show", "resolve", "delete", "purge", "stats"))],
+)
 def test_help_everywhere(command: list[str]) -> None:
     """Every command and action answers --help."""
     done = cli(*command, "--help")
@@ -173,12 +187,12 @@ def test_purge_expired(durable_ledger_url: str) -> None:
         replay_safe(ledger=ledger, name="short_lived")(lambda: 1)()
     time.sleep(1.2)
     dry = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired", "--dry-run")
-    real = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired")
+    real = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired", "--yes")
     assert (dry.returncode, real.returncode) == (0, 0), dry.stderr + real.stderr
     if durable_ledger_url.startswith("redis"):
         assert "expires records by itself" in real.stdout
     else:
-        assert "would delete 1 expired record(s)" in dry.stdout
+        assert dry.stdout == "would delete 1 expired record(s) (dry run: nothing was deleted)\n"
         assert "deleted 1 expired record(s)" in real.stdout
         again = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired", "--dry-run")
         assert "would delete 0 expired record(s)" in again.stdout
