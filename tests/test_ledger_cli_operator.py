@@ -52,7 +52,7 @@ def test_every_action_speaks_json(
     url = ("--ledger", durable_ledger_url)
     stats = _json("ledger", "stats", *url, "--json")
     assert stats["total"] == 2
-    assert stats["by_status"] == {"running": 0, "completed": 1, "failed": 0, "in_doubt": 1}
+    assert stats["by_status"] == {"running": 0, "completed": 1, "failed": 0, "in_doubt": 1, "paused": 0}
     assert stats["by_tool"] == {"refund_order": {"in_doubt": 1}, "send_email": {"completed": 1}}
     oldest = stats["oldest_in_doubt"]
     assert isinstance(oldest, dict) and oldest["tool_call_id"] == in_doubt.tool_call_id
