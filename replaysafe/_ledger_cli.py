@@ -36,6 +36,7 @@ from ._core import Verdict, judge
 from ._drivers import _reason as error_text
 from ._errors import TamperedRecordError
 from ._identity import call_idempotency_key
+from ._keys import step_parent
 from ._records import CallKey, Record, Status
 from ._sealing import FINISHED, SIGNING_KEY_ENV, is_sealed, unsealed
 from .ledgers import Ledger, open_ledger
@@ -391,6 +392,9 @@ def _list(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
         and (until is None or r.updated_at < until)
     ]
     records.sort(key=lambda r: r.updated_at, reverse=True)
+    nested = _nested(records)
+    records = [record for record, _ in nested]
+    depths = {record.key: depth for record, depth in nested}
     if args.jsonl and args.limit is None and args.page is None:
         shown, page, pages = records, 1, 1  # an export: every matching record
     else:
@@ -417,7 +421,7 @@ def _list(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
             _short(printable(r.key.thread_id)),
             _short(printable(r.key.message_id)),
             _short(printable(r.key.tool_call_id)),
-            printable(r.tool_name),
+            "  " * (depths[r.key] - 1) + "└ " + printable(r.tool_name) if depths[r.key] else printable(r.tool_name),
             _state(r, now),
             str(r.attempt),
             _ago(r.updated_at, now),
@@ -430,6 +434,28 @@ def _list(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     return EXIT_OK
 
 
+def _nested(records: list[Record]) -> list[tuple[Record, int]]:
+    """``records`` in their order, each step moved right after its parent (when the parent is among them,
+    in the order the steps were made), with its depth: 0 for a call of its own, 1 for its steps..."""
+    listed = {r.key for r in records}
+    steps: dict[CallKey, list[Record]] = {}
+    roots = []
+    for record in records:
+        parent = step_parent(record.key, record.tool_name)
+        if parent is not None and parent in listed:
+            steps.setdefault(parent, []).append(record)
+        else:
+            roots.append(record)
+    nested: list[tuple[Record, int]] = []
+    todo = [(root, 0) for root in reversed(roots)]
+    while todo:  # depth first, without recursion: steps nest as deep as the tools do
+        record, depth = todo.pop()
+        nested.append((record, depth))
+        made = sorted(steps.get(record.key, ()), key=lambda r: r.created_at)
+        todo.extend((step, depth + 1) for step in reversed(made))
+    return nested
+
+
 def _table(out: TextIO, columns: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> None:
     rows = list(rows)
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
@@ -438,6 +464,7 @@ def _table(out: TextIO, columns: tuple[str, ...], rows: Iterable[tuple[str, ...]
 
 
 def _summary(record: Record, now: dt.datetime) -> dict[str, Any]:
+    parent = step_parent(record.key, record.tool_name)
     return {
         "thread_id": record.key.thread_id,
         "message_id": record.key.message_id,
@@ -453,6 +480,8 @@ def _summary(record: Record, now: dt.datetime) -> dict[str, Any]:
         "updated_at": record.updated_at.isoformat(),
         "lease_expires_at": record.lease_expires_at.isoformat(),
         "expires_at": record.expires_at.isoformat() if record.expires_at else None,
+        # The call this record is a step of (docs/semantics.md, steps), None for a call of its own.
+        "parent": None if parent is None else dict(zip(CallKey._fields, parent, strict=True)),
     }
 
 
@@ -503,6 +532,9 @@ def _show(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     check, value = _decoded(ledger, record)
     summary["result_check"] = check
     summary["result"] = value
+    now = utcnow()
+    steps = [r for r in ledger.records(thread_id=record.key.thread_id) if step_parent(r.key, r.tool_name) == record.key]
+    summary["steps"] = [_summary(step, now) for step in steps]
     if output.as_json:
         output.document(summary)
         return EXIT_OK
@@ -510,11 +542,19 @@ def _show(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     for name, field in summary.items():
         if name == "result_check":
             print(f"{name:>16}: {check} ({_CHECKS[check]})", file=out)
-        elif name != "result":
+        elif name == "parent" and field is not None:
+            print(f"{name:>16}: {printable(str(CallKey(**field)))}", file=out)
+        elif name not in ("result", "steps"):
             print(f"{name:>16}: {printable(str(field))}", file=out)
     # json.dumps escapes control characters itself; undecodable text is shown as stored, escaped.
     shown = printable(str(value)) if check == "undecodable" else json.dumps(value, indent=2)
     print(f"{'result':>16}: {shown}", file=out)
+    for step in steps:
+        print(
+            f"{'step':>16}: {printable(step.tool_name)}, {_state(step, now)}, attempt {step.attempt}, "
+            f"CALL {printable(step.key.tool_call_id)}",
+            file=out,
+        )
     return EXIT_OK
 
 
