@@ -149,19 +149,23 @@ def _script(body: str, *, reads: bool = True) -> _Script:
     return _Script(text, hashlib.sha1(text.encode()).hexdigest())
 
 
-# The record's header fields (see _pack; head[2] status, head[3] attempt, head[8..10] the text
-# fields' lengths) and its body; ``held`` is the fence: the record exists and ``owner`` holds it.
+# A record's header fields (see _pack) in one match: 1 status, 2 attempt, 3 created, 4 updated,
+# 5 lease, 6 expires, 7..9 the owner's, tool name's and digest's lengths, 10 the result's, and
+# 11 where the body starts. ``held`` is the fence: the record exists and ``owner`` holds it.
 _READ = """
 local function read(name)
     local value = redis.call('GET', name)
     if not value then return nil end
-    local newline = string.find(value, '\\n', 1, true)
-    local head = {}
-    for field in string.gmatch(string.sub(value, 1, newline - 1) .. ' ', '([^ ]*) ') do head[#head + 1] = field end
-    return head, string.sub(value, newline + 1)
+    local f = {string.match(value, '^1 ([%a_]+) (%d+) (%d+) (%d+) (%d+) (%d*) (%d+) (%d+) (%d+) (%d*)\\n()')}
+    if f[11] == nil then error({err = 'replaysafe-format: the key does not hold a record of format 1'}) end
+    return f, value
 end
-local function held(head, body, owner)
-    return head ~= nil and string.sub(body, 1, tonumber(head[8])) == owner
+local function held(f, value, owner)
+    return f ~= nil and string.sub(value, f[11], f[11] + f[7] - 1) == owner
+end
+local function header(f)
+    return '1 ' .. f[1] .. ' ' .. f[2] .. ' ' .. f[3] .. ' ' .. f[4] .. ' ' .. f[5] .. ' ' .. f[6] .. ' ' .. f[7]
+        .. ' ' .. f[8] .. ' ' .. f[9] .. ' ' .. f[10] .. '\\n'
 end
 """
 
@@ -185,10 +189,11 @@ return 1
 # matches too, so a write tried again after a lost answer succeeds.
 _COMPLETE = _script(
     """
-local head, body = read(KEYS[1])
-if not held(head, body, ARGV[1]) or (head[2] ~= 'running' and head[2] ~= ARGV[2]) then return 0 end
-head[2], head[5], head[7], head[11] = ARGV[2], ARGV[3], ARGV[7], ARGV[4]
-local value = table.concat(head, ' ') .. '\\n' .. string.sub(body, 1, head[8] + head[9] + head[10]) .. ARGV[5]
+local f, old = read(KEYS[1])
+if not held(f, old, ARGV[1]) or (f[1] ~= 'running' and f[1] ~= ARGV[2]) then return 0 end
+local ids = string.sub(old, f[11], f[11] + f[7] + f[8] + f[9] - 1)  -- owner, tool name, digest
+f[1], f[4], f[6], f[10] = ARGV[2], ARGV[3], ARGV[7], ARGV[4]
+local value = header(f) .. ids .. ARGV[5]
 local ttl = tonumber(ARGV[6])
 if ttl == 0 then
     redis.call('SET', KEYS[1], value)
@@ -214,8 +219,8 @@ return 1
 # KEYS[1] record, KEYS[2] thread index. ARGV: expected owner, attempt, status; the new running record.
 _TAKEOVER = _script(
     """
-local head, body = read(KEYS[1])
-if not held(head, body, ARGV[1]) or head[3] ~= ARGV[2] or head[2] ~= ARGV[3] then return 0 end
+local f, old = read(KEYS[1])
+if not held(f, old, ARGV[1]) or f[2] ~= ARGV[2] or f[1] ~= ARGV[3] then return 0 end
 redis.call('SET', KEYS[1], ARGV[4])
 redis.call('ZADD', KEYS[2], '+inf', KEYS[1])
 redis.call('PERSIST', KEYS[2])
@@ -226,8 +231,8 @@ return 1
 # KEYS[1] record, KEYS[2] thread index. ARGV: owner.
 _RELEASE = _script(
     """
-local head, body = read(KEYS[1])
-if not held(head, body, ARGV[1]) or head[2] ~= 'running' then return 0 end
+local f, old = read(KEYS[1])
+if not held(f, old, ARGV[1]) or f[1] ~= 'running' then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], KEYS[1])
 return 1
@@ -237,10 +242,10 @@ return 1
 # KEYS[1] record. ARGV: owner, lease_expires_at. Fenced like complete.
 _RENEW = _script(
     """
-local head, body = read(KEYS[1])
-if not held(head, body, ARGV[1]) or head[2] ~= 'running' then return 0 end
-head[6] = ARGV[2]
-redis.call('SET', KEYS[1], table.concat(head, ' ') .. '\\n' .. body)
+local f, old = read(KEYS[1])
+if not held(f, old, ARGV[1]) or f[1] ~= 'running' then return 0 end
+f[5] = ARGV[2]
+redis.call('SET', KEYS[1], header(f) .. string.sub(old, f[11]))
 return 1
 """
 )
@@ -579,7 +584,8 @@ def _diagnose(exc: BaseException, user: str | None = None, prefix: str | None = 
     )
     if isinstance(exc, transient):
         return LedgerFault(True, TRANSIENT_FIX)
-    if isinstance(exc, RecordFormatError) or (isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc)):
+    foreign = isinstance(exc, redis.ResponseError) and ("WRONGTYPE" in str(exc) or "replaysafe-format" in str(exc))
+    if isinstance(exc, RecordFormatError) or foreign:
         return LedgerFault(False, _FORMAT_FIX)
     if isinstance(exc, redis.ResponseError):
         return LedgerFault(False, _RESPONSE_FIX)

@@ -235,3 +235,28 @@ def test_prefixes_are_isolated(redis_url: str) -> None:
         assert claim(two, CallKey("t", "m", "c"))
         assert len(list(one.records())) == 1
         assert len(list(two.records())) == 1
+
+
+@pytest.mark.parametrize("stored", ["hash", "text"])
+def test_a_value_of_another_format_fails_closed_naming_the_fix(rl: RedisLedger, stored: str) -> None:
+    """A record of the previous format (a hash) or any other value under a record's key is never read as a
+    record: every operation raises, and the ledger calls it permanent with the fix (delete it, or a new prefix)."""
+    key = CallKey("t", "m", "c")
+    name = rl._ops.keys(key)[0]
+    if stored == "hash":
+        rl.client.hset(name, mapping={"status": "completed", "owner": "o#1", "result": "1"})
+    else:
+        rl.client.set(name, "1 completed but not a record")
+    operations = [
+        lambda: rl.get(key),
+        lambda: claim(rl, key),
+        lambda: rl.complete(key, owner="o#1", status=Status.COMPLETED, result="1", now=NOW),
+        lambda: rl.renew(key, owner="o#1", lease_expires_at=LEASE),
+        lambda: rl.release(key, owner="o#1"),
+    ]
+    for operation in operations:
+        with pytest.raises(Exception) as raised:  # noqa: PT011 - the ledger's diagnosis is what is checked
+            operation()
+        fault = rl.diagnose(raised.value)
+        assert not fault.transient
+        assert "new prefix" in fault.fix
