@@ -1,9 +1,14 @@
 """The replay protocol: every claim, replay and record decision, with no I/O.
 
 The protocol is written as generators that yield *effects* (claim this key, run
-the tool, record this result, sleep) and receive their outcomes. The sync and
-async drivers in ``_drivers`` perform the effects; the decisions live here, once.
-A ledger failure comes back into the generator as a ``LedgerError``.
+the tool, record this result, sleep) and receive their outcomes. Effects are plain
+data: the sync and async drivers in ``_drivers`` map each to a ledger operation (or
+a sleep, or the tool) and send back its outcome; the decisions live here, once. A
+ledger failure comes back into the generator as a ``LedgerError``.
+
+The protocol reads nothing ambient: the clocks, whether an owner process still runs,
+the owner token of each call and the event sink are handed in (a ``Host``), as
+tenacity is handed ``sleep``. So it can be driven by hand, at any instant.
 
 A call goes through two phases. ``begin`` claims the key and ends with a decision:
 ``Replay`` (return a recorded value) or ``Run`` (run the tool). ``settle_result``
@@ -17,14 +22,12 @@ import dataclasses
 import enum
 import functools
 import json
-import time
 import typing
 from collections.abc import Callable, Generator, Mapping
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from . import _constants, _unrecorded
-from ._clock import utcnow
 from ._codec import JsonSerializer, Reviver, Serializer, reviver_for
 from ._context import CallInfo, CallScope, InDoubt, RunningCall
 from ._errors import (
@@ -41,10 +44,9 @@ from ._errors import (
     describe,
     ledger_command,
 )
-from ._events import EventKind, emit, wanted
+from ._events import EventKind
 from ._identity import call_idempotency_key
 from ._keys import BUSINESS_THREAD_ID, step_parent
-from ._owners import owner_alive, owner_token
 from ._records import CallKey, ClaimResult, Record, Status
 from ._sealing import Sealer, unsealed
 
@@ -126,11 +128,28 @@ def _replayed_type(spec: ToolSpec) -> Any:
     return annotation
 
 
-# --- effects: what the drivers are asked to do -------------------------------------
+# --- what the protocol is handed --------------------------------------------------
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build
-class Claim:
+class Host(NamedTuple):
+    """What the protocol may know of the world outside it, handed in by its drivers."""
+
+    #: The wall clock, timezone-aware UTC: leases and records are compared across hosts with it.
+    now: Callable[[], datetime]
+    #: A clock that never steps back, for waits and durations.
+    monotonic: Callable[[], float]
+    #: Whether the process holding an owner token still runs; ``None`` when this host cannot tell.
+    owner_alive: Callable[[str], bool | None]
+    #: ``emit(kind, message, *, tool_name, key, **fields)``: where events go.
+    emit: Callable[..., None]
+    #: Whether anyone listens for an event kind (the hot path builds no message nobody reads).
+    wanted: Callable[[EventKind], bool]
+
+
+# --- effects: plain data, what the drivers are asked to do ---------------------------
+
+
+class Claim(NamedTuple):
     key: CallKey
     tool_name: str
     args_digest: str
@@ -138,19 +157,8 @@ class Claim:
     now: datetime
     lease_expires_at: datetime
 
-    def on(self, ledger: Any) -> Any:
-        return ledger.claim(
-            self.key,
-            tool_name=self.tool_name,
-            args_digest=self.args_digest,
-            owner=self.owner,
-            now=self.now,
-            lease_expires_at=self.lease_expires_at,
-        )
 
-
-@dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build
-class Takeover:
+class Takeover(NamedTuple):
     record: Record
     owner: str
     now: datetime
@@ -160,36 +168,40 @@ class Takeover:
     def key(self) -> CallKey:
         return self.record.key
 
-    def on(self, ledger: Any) -> Any:
-        return ledger.takeover(self.record, owner=self.owner, now=self.now, lease_expires_at=self.lease_expires_at)
 
-
-@dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build
-class Complete:
+class Complete(NamedTuple):
     key: CallKey
     owner: str
     status: Status
     result: str | None
     now: datetime
 
-    def on(self, ledger: Any) -> Any:
-        return ledger.complete(self.key, owner=self.owner, status=self.status, result=self.result, now=self.now)
 
-
-@dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build
-class Release:
+class Release(NamedTuple):
     key: CallKey
     owner: str
 
-    def on(self, ledger: Any) -> Any:
-        return ledger.release(self.key, owner=self.owner)
+
+class Renew(NamedTuple):
+    """Extend the lease of the ``running`` record ``owner`` holds to ``lease_expires_at``.
+
+    Fenced like every write: it changes nothing (and returns ``False``) once the
+    call is finished or held by another owner.
+    """
+
+    key: CallKey
+    owner: str
+    lease_expires_at: datetime
 
 
-LedgerOp = Claim | Takeover | Complete | Release
+class Get(NamedTuple):
+    key: CallKey
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build
-class Sleep:
+LedgerOp = Claim | Takeover | Complete | Release | Renew | Get
+
+
+class Sleep(NamedTuple):
     seconds: float
 
 
@@ -201,20 +213,20 @@ class Run:
     owner: str | None
     #: Seconds the tool may run, ``None`` for no limit.
     timeout: float | None
+    host: Host
+    #: When the run started, on ``host.monotonic``.
+    started: float
     args_digest: str = ""
     sealer: Sealer | None = None
-    started: float = dataclasses.field(default_factory=time.monotonic)
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build
-class RunTool:
+class RunTool(NamedTuple):
     """Run the tool body (with ``run.call`` as ``current_call()``); its exception is thrown back in."""
 
     run: Run
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build
-class Reconcile:
+class Reconcile(NamedTuple):
     """Ask the user's reconciler about an in-doubt call; its answer (or exception) comes back."""
 
     reconciler: Reconciler
@@ -230,8 +242,7 @@ class ToolExit(BaseException):
         self.original = original
 
 
-@dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build
-class Replay:
+class Replay(NamedTuple):
     """``begin``'s decision to return ``value`` without running the tool."""
 
     value: Any
@@ -239,6 +250,35 @@ class Replay:
 
 Effect = LedgerOp | Sleep | RunTool | Reconcile
 Protocol = Generator[Effect, Any, Any]
+
+
+def undo_for(op: LedgerOp) -> Complete | Release | None:
+    """What to write once the ledger answers again, when ``op``'s outcome is unknown (it
+    failed in transit, or was interrupted).
+
+    A finishing write is itself written later. A claim or takeover whose answer was
+    lost may still have landed under this call's owner token: undo it (fenced, so it
+    does nothing if it did not land), or the call would look running forever.
+    """
+    if isinstance(op, Claim):
+        return Release(op.key, op.owner)
+    if isinstance(op, Takeover):
+        return Complete(op.key, op.owner, Status.IN_DOUBT, None, op.now)
+    if isinstance(op, (Complete, Release)):
+        return op
+    return None  # a read, or a renewal the next tick makes again
+
+
+def held_after(op: LedgerOp, outcome: Any) -> Complete | Release | None:
+    """What ``op`` holds once it returned ``outcome``, to undo if the call stops there:
+    the claim (or takeover) it made; ``None`` once a finishing write has landed."""
+    if isinstance(op, Claim):
+        record = outcome.record
+        ours = outcome.claimed or (record.status is Status.RUNNING and record.owner == op.owner)
+        return Release(op.key, op.owner) if ours else None
+    if isinstance(op, Takeover):
+        return undo_for(op) if outcome is not None else None
+    return None
 
 
 # --- decisions -----------------------------------------------------------------
@@ -254,29 +294,31 @@ class Verdict(enum.Enum):
     RESUME = "resume"  # paused: run it again, its completed steps replaying
 
 
-def owner_is_alive(record: Record, now: datetime) -> bool:
+def owner_is_alive(record: Record, now: datetime, owner_alive: Callable[[str], bool | None]) -> bool:
     """Whether the owner of a ``running`` record may still finish it.
 
-    On this machine the owner's process is checked, so a dead owner is known at
-    once and a live one is never declared dead; elsewhere the lease decides.
+    Where ``owner_alive`` can tell (on the owner's machine, its process is checked), a
+    dead owner is known at once and a live one is never declared dead; elsewhere the
+    lease decides.
     """
     alive = owner_alive(record.owner)
     return now < record.lease_expires_at if alive is None else alive
 
 
-def judge(record: Record, now: datetime) -> Verdict:
+def judge(record: Record, now: datetime, owner_alive: Callable[[str], bool | None]) -> Verdict:
+    """What to do about ``record``, found by a claim at ``now``."""
     if record.status is Status.COMPLETED:
         return Verdict.REPLAY
     if record.status is Status.FAILED:
         return Verdict.RAISE_RECORDED
     if record.status is Status.PAUSED:
         return Verdict.RESUME
-    if record.status is Status.RUNNING and owner_is_alive(record, now):
+    if record.status is Status.RUNNING and owner_is_alive(record, now, owner_alive):
         return Verdict.WAIT
     return Verdict.IN_DOUBT
 
 
-def _check_same_call(spec: ToolSpec, record: Record, args_digest: str) -> None:
+def _check_same_call(spec: ToolSpec, host: Host, record: Record, args_digest: str) -> None:
     if record.tool_name == spec.name and record.args_digest == args_digest:
         return
     what = f"tool {record.tool_name!r}" if record.tool_name != spec.name else "the same tool with other arguments"
@@ -297,7 +339,7 @@ def _check_same_call(spec: ToolSpec, record: Record, args_digest: str) -> None:
             "exclude non-data arguments from the digest with @replay_safe(exclude_args=...)."
         )
     message = f"{describe(spec.name, record.key)}: this call key is already recorded for {what}, so nothing ran. {fix}"
-    emit(EventKind.MISMATCH, message, tool_name=spec.name, key=record.key, args_digest=args_digest)
+    host.emit(EventKind.MISMATCH, message, tool_name=spec.name, key=record.key, args_digest=args_digest)
     raise ReplayMismatchError(message, tool_name=spec.name, key=record.key)
 
 
@@ -312,12 +354,12 @@ def encode_error(exc: BaseException) -> str:
     return json.dumps({"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": message})
 
 
-def recorded_error(spec: ToolSpec, record: Record, text: str | None) -> RecordedToolError:
+def recorded_error(spec: ToolSpec, host: Host, record: Record, text: str | None) -> RecordedToolError:
     try:
         stored = json.loads(text or "{}")
         error_type, error_message = str(stored["type"]), str(stored["message"])
     except (ValueError, KeyError, TypeError):
-        raise _unreadable(spec, record, "its recorded error cannot be decoded") from None
+        raise _unreadable(spec, host, record, "its recorded error cannot be decoded") from None
     return RecordedToolError(
         f"{describe(spec.name, record.key)} raised {error_type} when it first ran, and that failure is recorded, "
         "so it was not run again (its message is in .error_message). To allow a retry, delete its record: "
@@ -329,7 +371,9 @@ def recorded_error(spec: ToolSpec, record: Record, text: str | None) -> Recorded
     )
 
 
-def _not_recorded(spec: ToolSpec, record: Record, unrecorded: _unrecorded.Unrecorded) -> ResultEncodingError:
+def _not_recorded(
+    spec: ToolSpec, host: Host, record: Record, unrecorded: _unrecorded.Unrecorded
+) -> ResultEncodingError:
     """A replay of a call that ran but whose result could not be stored: it never runs again."""
     key = record.key
     idempotency_key = call_idempotency_key(*key, spec.name)
@@ -339,11 +383,11 @@ def _not_recorded(spec: ToolSpec, record: Record, unrecorded: _unrecorded.Unreco
         "--result '<json>' (or --rerun to allow a new run); then return smaller or encodable data, raise "
         "max_result_bytes, or pass a serializer=."
     )
-    emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=record.attempt)
+    host.emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=record.attempt)
     return ResultEncodingError(message, tool_name=spec.name, key=key, idempotency_key=idempotency_key)
 
 
-def _unreadable(spec: ToolSpec, record: Record, why: str) -> RecordUnreadableError:
+def _unreadable(spec: ToolSpec, host: Host, record: Record, why: str) -> RecordUnreadableError:
     """A finished call whose record cannot be read back: it never runs again (nor unprotected)."""
     key = record.key
     idempotency_key = call_idempotency_key(*key, spec.name)
@@ -352,7 +396,7 @@ def _unreadable(spec: ToolSpec, record: Record, why: str) -> RecordUnreadableErr
         f"not run again (idempotency key {idempotency_key}). Inspect it with replaysafe ledger show, then settle it: "
         f"{_resolve_command(key)} --result '<json>' (or --rerun to allow a new run)."
     )
-    emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=record.attempt)
+    host.emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=record.attempt)
     return RecordUnreadableError(message, tool_name=spec.name, key=key, idempotency_key=idempotency_key)
 
 
@@ -376,55 +420,39 @@ def begin(
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     timeout: float | None,
-    sealer: Sealer | None = None,
+    sealer: Sealer | None,
+    owner: str,
+    host: Host,
 ) -> Generator[Effect, Any, Replay | Run]:
-    """Claim the call, then decide: replay a recorded result, or run the tool."""
+    """Claim the call as ``owner``, then decide: replay a recorded result, or run the tool."""
     key = scope.key
-    owner = owner_token()
 
     def run(attempt: int) -> Run:
-        return Run(_call_info(spec, scope, attempt, args, kwargs), owner, timeout, args_digest, sealer)
+        call = _call_info(spec, scope, attempt, args, kwargs)
+        return Run(call, owner, timeout, host, host.monotonic(), args_digest, sealer)
 
     lease = spec.lease_for(timeout)
     deadline: float | None = None
     backoff = _constants.WAIT_BACKOFF_FIRST
     while True:
-        now = utcnow()
+        now = host.now()
         try:
             found: ClaimResult = yield Claim(key, spec.name, args_digest, owner, now, now + lease)
         except LedgerError as exc:
-            return _unprotected(spec, scope, exc, args, kwargs, timeout)
+            return _unprotected(spec, host, scope, exc, args, kwargs, timeout)
         record = found.record
         if record.key != key:
-            _report_moved(spec, key, record)
-        _check_same_call(spec, record, args_digest)
+            _report_moved(spec, host, key, record)
+        _check_same_call(spec, host, record, args_digest)
         # Our own record: a claim whose first answer was lost and was tried again.
         if found.claimed or (record.status is Status.RUNNING and record.owner == owner):
             return run(record.attempt)
-        verdict = judge(record, now)
+        verdict = judge(record, now, host.owner_alive)
         if verdict is Verdict.REPLAY:
-            text = _trusted_text(spec, record, sealer)
-            unrecorded = _unrecorded.parse(text)
-            if unrecorded is not None:
-                raise _not_recorded(spec, record, unrecorded)
-            try:
-                value = spec.decode(text)
-            except Exception as exc:
-                # The call ran: never run it again, and never quote the stored value
-                # (a decode error's text often does), so the cause is not chained.
-                raise _unreadable(spec, record, f"its result cannot be decoded ({type(exc).__name__})") from None
-            if wanted(EventKind.REPLAYED):  # the hot path: build no message nobody reads
-                emit(
-                    EventKind.REPLAYED,
-                    f"{describe(spec.name, key)} replayed its recorded result",
-                    tool_name=spec.name,
-                    key=key,
-                    attempt=record.attempt,
-                )
-            return Replay(value)
+            return Replay(_replayed(spec, host, record, sealer))
         if verdict is Verdict.RAISE_RECORDED:
-            error = recorded_error(spec, record, _trusted_text(spec, record, sealer))  # seal first: no false event
-            emit(
+            error = recorded_error(spec, host, record, _trusted_text(spec, host, record, sealer))  # seal first
+            host.emit(
                 EventKind.REPLAYED,
                 f"{describe(spec.name, key)} replayed its recorded error",
                 tool_name=spec.name,
@@ -438,8 +466,7 @@ def begin(
             policy: InDoubt = "rerun"
             if verdict is Verdict.IN_DOUBT:
                 policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
-            if verdict is Verdict.IN_DOUBT:
-                _report_in_doubt(spec, record, policy)
+                _report_in_doubt(spec, host, record, policy)
             if policy == "raise":
                 idempotency_key = call_idempotency_key(*key, spec.name)
                 raise CallInDoubtError(
@@ -454,19 +481,19 @@ def begin(
             try:
                 taken: Record | None = yield Takeover(record, owner, now, now + lease)
             except LedgerError as exc:
-                return _unprotected(spec, scope, exc, args, kwargs, timeout)
+                return _unprotected(spec, host, scope, exc, args, kwargs, timeout)
             if taken is None:
                 continue  # another worker moved first: look again
             if callable(policy):
-                answer = yield from _reconcile(spec, policy, run(record.attempt), taken.attempt)
+                answer = yield from _reconcile(spec, policy, run(taken.attempt), record.attempt)
                 if answer is not RERUN:
                     return Replay(answer)
             return run(taken.attempt)
         # A live owner runs this very call: wait for its result, with a bounded backoff.
         # The deadline is on the monotonic clock: a wall clock stepped back must not stretch it.
         if deadline is None:
-            deadline = time.monotonic() + spec.wait_timeout
-        left = deadline - time.monotonic()
+            deadline = host.monotonic() + spec.wait_timeout
+        left = deadline - host.monotonic()
         if left <= 0:
             raise CallInProgressError(
                 f"{describe(spec.name, key)} is still running in {record.owner} (attempt {record.attempt}, lease "
@@ -479,7 +506,30 @@ def begin(
         backoff = min(backoff * 2, _constants.WAIT_BACKOFF_MAX)
 
 
-def _report_moved(spec: ToolSpec, key: CallKey, record: Record) -> None:
+def _replayed(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> Any:
+    """The recorded result of a completed call, as the tool returned it."""
+    text = _trusted_text(spec, host, record, sealer)
+    unrecorded = _unrecorded.parse(text)
+    if unrecorded is not None:
+        raise _not_recorded(spec, host, record, unrecorded)
+    try:
+        value = spec.decode(text)
+    except Exception as exc:
+        # The call ran: never run it again, and never quote the stored value
+        # (a decode error's text often does), so the cause is not chained.
+        raise _unreadable(spec, host, record, f"its result cannot be decoded ({type(exc).__name__})") from None
+    if host.wanted(EventKind.REPLAYED):  # the hot path: build no message nobody reads
+        host.emit(
+            EventKind.REPLAYED,
+            f"{describe(spec.name, record.key)} replayed its recorded result",
+            tool_name=spec.name,
+            key=record.key,
+            attempt=record.attempt,
+        )
+    return value
+
+
+def _report_moved(spec: ToolSpec, host: Host, key: CallKey, record: Record) -> None:
     """The store answered for ``key`` with another call's record: a row moved to this call's
     key (its seal, made for the other call, would check). Never replayed, never run."""
     message = (
@@ -488,11 +538,11 @@ def _report_moved(spec: ToolSpec, key: CallKey, record: Record) -> None:
         "returned as a result and nothing ran. Inspect the store (who can write to it?), then delete the "
         "record under this call's key."
     )
-    emit(EventKind.TAMPERED, message, tool_name=spec.name, key=key)
+    host.emit(EventKind.TAMPERED, message, tool_name=spec.name, key=key)
     raise TamperedRecordError(message, tool_name=spec.name, key=key)
 
 
-def _report_in_doubt(spec: ToolSpec, record: Record, policy: InDoubt) -> None:
+def _report_in_doubt(spec: ToolSpec, host: Host, record: Record, policy: InDoubt) -> None:
     then = {
         "rerun": f"Running it again as attempt {record.attempt + 1}; hand current_call().idempotency_key to the "
         "provider so it can dedupe.",
@@ -500,7 +550,7 @@ def _report_in_doubt(spec: ToolSpec, record: Record, policy: InDoubt) -> None:
         f"{_resolve_command(record.key)} --result '<json>' or --rerun.",
     }.get(policy if isinstance(policy, str) else "", f"Asking the reconciler {_callable_name(policy)}.")
     idempotency_key = call_idempotency_key(*record.key, spec.name)
-    emit(
+    host.emit(
         EventKind.IN_DOUBT,
         f"{describe(spec.name, record.key)} is in doubt: its owner {record.owner} died or gave up while the tool "
         f"ran (attempt {record.attempt}), so its side effect may or may not have happened (idempotency key "
@@ -518,22 +568,21 @@ def _callable_name(function: object) -> str:
     return str(getattr(function, "__qualname__", None) or type(function).__qualname__)
 
 
-def _trusted_text(spec: ToolSpec, record: Record, sealer: Sealer | None) -> str | None:
+def _trusted_text(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> str | None:
     """The record's encoded result, its seal checked when the ledger signs records."""
     if sealer is None:
         return unsealed(record.result)
     try:
         return sealer.open(record)
     except TamperedRecordError as exc:
-        emit(EventKind.TAMPERED, str(exc), tool_name=spec.name, key=record.key, owner=record.owner)
+        host.emit(EventKind.TAMPERED, str(exc), tool_name=spec.name, key=record.key, owner=record.owner)
         raise
 
 
-def _reconcile(spec: ToolSpec, reconciler: Reconciler, in_doubt: Run, attempt: int) -> Generator[Effect, Any, Any]:
-    """Ask the reconciler about the in-doubt run; record the result it found, or return RERUN."""
-    call = in_doubt.call
-    # The takeover made this worker the owner, with a new attempt number.
-    owned = dataclasses.replace(in_doubt, call=call._replace(attempt=attempt))
+def _reconcile(spec: ToolSpec, reconciler: Reconciler, owned: Run, in_doubt: int) -> Generator[Effect, Any, Any]:
+    """Ask the reconciler about attempt ``in_doubt`` of the call ``owned`` (taken over, with
+    a new attempt number); record the result it found, or return RERUN."""
+    call = owned.call._replace(attempt=in_doubt)
     try:
         answer = yield Reconcile(reconciler, call)
         if answer is RERUN:
@@ -546,13 +595,13 @@ def _reconcile(spec: ToolSpec, reconciler: Reconciler, in_doubt: Run, attempt: i
         add_note(
             exc,
             f"raised by the reconciler {_callable_name(reconciler)} of {describe(spec.name, call.key)} (attempt "
-            f"{attempt}); the call stays in doubt: the next replay asks again, or settle it with "
+            f"{owned.call.attempt}); the call stays in doubt: the next replay asks again, or settle it with "
             f"{_resolve_command(call.key)} --result '<json>' or --rerun",
         )
         yield from _finish(spec, owned, Status.IN_DOUBT, None, fail_closed=False)
         raise
     yield from _finish(spec, owned, Status.COMPLETED, encoded, fail_closed=True, result=answer)
-    emit(
+    owned.host.emit(
         EventKind.RECONCILED,
         f"{describe(spec.name, call.key)} was in doubt; the reconciler found its result, which is now recorded",
         tool_name=spec.name,
@@ -564,6 +613,7 @@ def _reconcile(spec: ToolSpec, reconciler: Reconciler, in_doubt: Run, attempt: i
 
 def _unprotected(
     spec: ToolSpec,
+    host: Host,
     scope: CallScope,
     exc: LedgerError,
     args: tuple[Any, ...],
@@ -577,9 +627,9 @@ def _unprotected(
     """
     key = scope.key
     if spec.on_ledger_error == "raise" or exc.permanent:
-        emit(EventKind.LEDGER_ERROR, str(exc), tool_name=spec.name, key=key)
+        host.emit(EventKind.LEDGER_ERROR, str(exc), tool_name=spec.name, key=key)
         raise exc
-    emit(
+    host.emit(
         EventKind.LEDGER_ERROR,
         f"{describe(spec.name, key)} runs WITHOUT replay protection: {exc} Skipping a tool that never ran is "
         "worse than running it twice; pass @replay_safe(on_ledger_error='raise') to fail closed instead.",
@@ -587,7 +637,7 @@ def _unprotected(
         key=key,
         level=30,  # WARNING: the call goes on
     )
-    return Run(_call_info(spec, scope, 1, args, kwargs), None, timeout)
+    return Run(_call_info(spec, scope, 1, args, kwargs), None, timeout, host, host.monotonic())
 
 
 # --- phase 2: record ------------------------------------------------------------------
@@ -642,22 +692,23 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
             f"{_resolve_command(key)} --result '<json>'. Return JSON-able data of "
             "a bounded size, raise max_result_bytes, or pass a serializer=."
         )
-        emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=run.call.attempt)
+        run.host.emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=run.call.attempt)
         if spec.on_ledger_error == "raise":
             raise ResultEncodingError(
                 message, tool_name=spec.name, key=key, idempotency_key=idempotency_key, result=result
             )
         return
     yield from _finish(spec, run, Status.COMPLETED, encoded, fail_closed=True, result=result)
-    if not wanted(EventKind.EXECUTED):
+    host = run.host
+    if not host.wanted(EventKind.EXECUTED):
         return
-    emit(
+    host.emit(
         EventKind.EXECUTED,
         f"{describe(spec.name, key)} ran and its result is recorded",
         tool_name=spec.name,
         key=key,
         attempt=run.call.attempt,
-        duration=time.monotonic() - run.started,
+        duration=host.monotonic() - run.started,
     )
 
 
@@ -667,7 +718,7 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         return
     key = run.call.key
     if isinstance(exc, ToolTimeoutError):
-        emit(EventKind.TIMEOUT, str(exc), tool_name=spec.name, key=key, attempt=run.call.attempt)
+        run.host.emit(EventKind.TIMEOUT, str(exc), tool_name=spec.name, key=key, attempt=run.call.attempt)
         if exc.still_running:
             return  # the claim stays: the tool may still finish and record its result
         yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
@@ -676,7 +727,7 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         # completed steps, for the resume. Checked before the BaseException rule below: some
         # frameworks' pauses are BaseExceptions (10xGraph's GraphInterrupt).
         yield from _finish(spec, run, Status.PAUSED, None, fail_closed=False)
-        emit(
+        run.host.emit(
             EventKind.PAUSED,
             f"{describe(spec.name, key)} paused ({type(exc).__name__}); the next call of the same key runs it "
             "again, and its completed steps replay",
@@ -692,7 +743,7 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         try:
             yield Release(key, run.owner)
         except LedgerError as error:
-            emit(
+            run.host.emit(
                 EventKind.LEDGER_ERROR,
                 f"{describe(spec.name, key)} raised, and its claim could not be released: {error} A replay treats "
                 "the call as running until its owner is known dead or its lease ends.",
@@ -713,15 +764,15 @@ def _finish(
     result: Any = None,
 ) -> Generator[Effect, Any, None]:
     """Write how the call ended; a write that fails is logged (or raised, fail-closed)."""
-    key, owner = run.call.key, run.owner
+    key, owner, host = run.call.key, run.owner, run.host
     assert owner is not None
     # A finished record is sealed even without a result: on read, an unsealed one is a forgery.
     if run.sealer is not None and (encoded is not None or status not in (Status.IN_DOUBT, Status.PAUSED)):
         encoded = run.sealer.seal(key, spec.name, run.args_digest, status, encoded)
     try:
-        recorded = yield Complete(key, owner, status, encoded, utcnow())
+        recorded = yield Complete(key, owner, status, encoded, host.now())
     except LedgerError as exc:
-        emit(
+        host.emit(
             EventKind.LEDGER_ERROR,
             f"{describe(spec.name, key)} ran but its {status} record could not be written: {exc} A replay may "
             "run it again; hand current_call().idempotency_key to the provider so it can dedupe.",
@@ -733,7 +784,7 @@ def _finish(
             raise
         return
     if not recorded:
-        emit(
+        host.emit(
             EventKind.DUPLICATE_DETECTED,
             f"duplicate execution of {describe(spec.name, key)}: its claim was taken over by another worker while "
             f"this one ({owner}) ran the tool, so the tool ran twice. The other worker's record is kept.",
@@ -750,10 +801,12 @@ def replay(
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     timeout: float | None,
-    sealer: Sealer | None = None,
+    sealer: Sealer | None,
+    owner: str,
+    host: Host,
 ) -> Protocol:
     """The whole protocol of a plain (not streaming) call; returns the tool's result."""
-    decision = yield from begin(spec, scope, args_digest, args, kwargs, timeout, sealer)
+    decision = yield from begin(spec, scope, args_digest, args, kwargs, timeout, sealer, owner, host)
     if isinstance(decision, Replay):
         return decision.value
     try:
@@ -765,6 +818,64 @@ def replay(
         raise
     yield from settle_result(spec, decision, result)
     return result
+
+
+# --- settling a call by hand -----------------------------------------------------------
+
+
+def resolve(
+    key: CallKey,
+    encode: Callable[[], str] | None,
+    *,
+    force: bool,
+    sealer: Sealer | None,
+    owner: str,
+    host: Host,
+) -> Generator[Effect, Any, Record | None]:
+    """Settle a call by hand: record the result ``encode()`` gives, or (``encode`` is
+    ``None``) remove the record so the call runs again. Returns the new record.
+
+    Only a call in doubt, or finished without a readable result, is settled unless
+    ``force``; nor one whose owner still runs (it would find its claim gone when it
+    finishes, and report a duplicate execution).
+    """
+    record: Record | None = yield Get(key)
+    if record is None:
+        raise LookupError(f"no record for {key}: nothing to resolve")
+    # A finished call whose result was not recorded (or cannot be read) is settled here too.
+    unrecorded = record.status is Status.COMPLETED and _unrecorded.parse(unsealed(record.result)) is not None
+    if record.status not in (Status.RUNNING, Status.IN_DOUBT, Status.PAUSED) and not (unrecorded or force):
+        raise ValueError(
+            f"the call {key} is already {record.status}; to allow a rerun, delete its record "
+            f"({ledger_command('delete', key)}), or settle it anyway ({ledger_command('resolve', key)} "
+            "--force) if its recorded result cannot be read"
+        )
+    now = host.now()
+    if not force and record.status is Status.RUNNING and judge(record, now, host.owner_alive) is Verdict.WAIT:
+        raise ValueError(
+            f"the call {key} is still running in {record.owner}, which is alive: wait for it, or settle it "
+            f"anyway ({ledger_command('resolve', key)} --force) if you know it is stuck"
+        )
+    encoded = None if encode is None else encode()
+    if encoded is not None and sealer is not None:
+        encoded = sealer.seal(key, record.tool_name, record.args_digest, Status.COMPLETED, encoded)
+    taken = yield Takeover(record, owner, now, now)
+    if taken is None:
+        raise RuntimeError(f"the record of {key} changed while resolving it; look at it again and retry")
+    settled: Record | None = None
+    if encoded is None:
+        yield Release(key, owner)
+    else:
+        yield Complete(key, owner, Status.COMPLETED, encoded, now)
+        settled = yield Get(key)
+    host.emit(
+        EventKind.RECONCILED,
+        f"{record.tool_name} ({key}) was settled by hand: " + ("rerun" if encoded is None else "result recorded"),
+        tool_name=record.tool_name,
+        key=key,
+        attempt=record.attempt,
+    )
+    return settled
 
 
 def effective_timeout(tool_timeout: float | None, node_deadline: float | None, now: float) -> float | None:

@@ -27,7 +27,7 @@ from ._context import (
     timeout_setting,
 )
 from ._core import OnLedgerError, ToolSpec, effective_timeout, replay
-from ._drivers import Plan, adrive, drive
+from ._drivers import Plan, adrive, drive, start
 from ._errors import MissingCallIdError, ToolTimeoutError, UnprotectedCallWarning, describe
 from ._events import EventKind, emit
 from ._identity import SignatureDigest, args_digest
@@ -433,8 +433,7 @@ def replay_safe(
             plan = tool.plan(instance, args, kwargs)
             if plan is None:
                 return await wrapped(*args, **kwargs)
-            protocol = replay(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer)
-            return await adrive(protocol, plan.ledger, spec, plan.scope, wrapped)
+            return await adrive(*start(replay, spec, plan, wrapped, args, kwargs))
 
         return _marked(protect_async(func), tool)
 
@@ -443,8 +442,7 @@ def replay_safe(
         plan = tool.plan(instance, args, kwargs)
         if plan is None:
             return wrapped(*args, **kwargs)
-        protocol = replay(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer)
-        return drive(protocol, plan.ledger, spec, plan.scope, wrapped)
+        return drive(*start(replay, spec, plan, wrapped, args, kwargs))
 
     return _marked(protect(func), tool)
 

@@ -14,6 +14,7 @@ import itertools
 from datetime import datetime, timedelta
 from typing import Any
 
+from ._core import Renew
 from ._records import CallKey
 
 #: A lease is renewed this many times over its length: two renewals may fail in a
@@ -24,22 +25,6 @@ RENEWALS_PER_LEASE = 3
 def renewal_interval(lease: timedelta) -> float:
     """Seconds between two renewals of a lease of length ``lease``."""
     return lease.total_seconds() / RENEWALS_PER_LEASE
-
-
-@dataclasses.dataclass(slots=True)
-class Renew:
-    """Extend the lease of the ``running`` record ``owner`` holds to ``lease_expires_at``.
-
-    Fenced like every write: it changes nothing (and returns ``False``) once the
-    call is finished or held by another owner.
-    """
-
-    key: CallKey
-    owner: str
-    lease_expires_at: datetime
-
-    def on(self, ledger: Any) -> Any:
-        return ledger.renew(self.key, owner=self.owner, lease_expires_at=self.lease_expires_at)
 
 
 @dataclasses.dataclass(eq=False, slots=True)

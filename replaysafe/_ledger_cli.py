@@ -37,6 +37,7 @@ from ._drivers import _reason as error_text
 from ._errors import TamperedRecordError
 from ._identity import call_idempotency_key
 from ._keys import step_parent
+from ._owners import owner_alive
 from ._records import CallKey, Record, Status
 from ._sealing import FINISHED, SIGNING_KEY_ENV, is_sealed, unsealed
 from .ledgers import Ledger, open_ledger
@@ -349,7 +350,7 @@ def _nothing_here(ledger: Ledger) -> CommandError:
 
 def _state(record: Record, now: dt.datetime) -> str:
     """The status an operator cares about: a running record whose owner died is in doubt."""
-    if record.status in (Status.RUNNING, Status.IN_DOUBT) and judge(record, now) is Verdict.IN_DOUBT:
+    if record.status in (Status.RUNNING, Status.IN_DOUBT) and judge(record, now, owner_alive) is Verdict.IN_DOUBT:
         return Status.IN_DOUBT.value
     return record.status.value
 
@@ -573,7 +574,7 @@ def _ledger_seals(ledger: Ledger, record: Record) -> bool | None:
 
 def _refuse_a_live_owner(record: Record, now: dt.datetime, force: bool) -> bool:
     """Whether the record's owner is alive (a running call); refused unless ``force``."""
-    live_owner = judge(record, now) is Verdict.WAIT  # only a running record with a live owner waits
+    live_owner = judge(record, now, owner_alive) is Verdict.WAIT  # only a running record with a live owner waits
     if live_owner and not force:
         raise CommandError(
             f"{record.tool_name} ({record.key}) is still running in {record.owner}, which is alive (lease until "

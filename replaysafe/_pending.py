@@ -16,14 +16,15 @@ import threading
 import time
 from typing import Any
 
+from ._calls import CALLS
 from ._core import Complete, Release
 from ._errors import describe
 from ._events import logger
+from ._retry import NoWriteMadeError, background_retrying
 
 #: How many writes wait at most, and for how long, before they are given up.
 MAX_PENDING = 10_000
 MAX_AGE = 3600.0
-_FIRST_PAUSE, _LONGEST_PAUSE = 0.1, 5.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -63,37 +64,47 @@ class PendingWrites:
             return len(self._writes)
 
     def _run(self) -> None:
-        pause = _FIRST_PAUSE
-        while True:
-            self._wake.wait(pause)
-            self._wake.clear()
-            with self._lock:
-                writes = list(self._writes)
-            if not writes:
-                with self._lock:
-                    if not self._writes:
-                        self._thread = None
-                        return
-                continue
-            progress = False
-            for write in writes:
-                if time.monotonic() - write.since > MAX_AGE:
-                    _give_up(write, f"the ledger did not answer for {MAX_AGE:g}s")
-                    self._forget(write)
-                    continue
-                try:
-                    written = write.effect.on(write.ledger)
-                except Exception:
-                    continue  # still down: try again after a pause
-                progress = True
+        # Rounds until every write is made or given up; the pause between two rounds
+        # grows while the ledger stays down, and starts short again after progress.
+        while self._has_writes():
+            background_retrying(self._nap)(self._round)
+
+    def _has_writes(self) -> bool:
+        with self._lock:
+            if not self._writes:
+                self._thread = None
+                return False
+            return True
+
+    def _nap(self, seconds: float) -> None:
+        """A pause between rounds, cut short by a new write."""
+        self._wake.wait(seconds)
+
+    def _round(self) -> None:
+        """Try every waiting write once; ``NoWriteMadeError`` when none of them could be made."""
+        self._wake.clear()  # a write deferred from now on shortens the next pause
+        with self._lock:
+            writes = list(self._writes)
+        progress = False
+        for write in writes:
+            if time.monotonic() - write.since > MAX_AGE:
+                _give_up(write, f"the ledger did not answer for {MAX_AGE:g}s")
                 self._forget(write)
-                logger.warning(
-                    "%s: a %s kept for later (it had failed or been interrupted) is written now%s",
-                    describe(write.tool_name, write.effect.key),
-                    type(write.effect).__name__.lower(),
-                    "" if written else " (its claim had been taken over meanwhile)",
-                )
-            pause = _FIRST_PAUSE if progress else min(pause * 2, _LONGEST_PAUSE)
+                continue
+            try:
+                written = CALLS[type(write.effect)](write.ledger, write.effect)
+            except Exception:
+                continue  # still down: try again after a pause
+            progress = True
+            self._forget(write)
+            logger.warning(
+                "%s: a %s kept for later (it had failed or been interrupted) is written now%s",
+                describe(write.tool_name, write.effect.key),
+                type(write.effect).__name__.lower(),
+                "" if written else " (its claim had been taken over meanwhile)",
+            )
+        if writes and not progress:
+            raise NoWriteMadeError
 
     def _forget(self, write: _Write) -> None:
         with self._lock:

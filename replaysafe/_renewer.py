@@ -2,8 +2,9 @@
 
 This module only performs renewals; ``_leases`` decides when each is due and until
 when it extends the lease. A renewal never delays or fails the tool: its errors
-are logged, tried again with the ledger's retry policy and at the next tick, and a
-lease that was lost anyway (taken over) is reported when the call completes.
+are logged, tried again with the ledger's retry policy (``_operations``) and at the
+next tick, and a lease that was lost anyway (taken over) is reported when the call
+completes.
 """
 
 from __future__ import annotations
@@ -17,36 +18,25 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import tenacity
-
 from ._clock import utcnow
-from ._errors import describe
+from ._errors import LedgerError, describe
 from ._events import logger
 from ._leases import Lease, Schedule, first_due, renewal_interval
+from ._operations import aperform, perform
 from ._records import CallKey
 
 #: New leases queued before the renewer thread wakes to take them in (and drop ended ones).
 _MAX_INCOMING = 1024
 
 
-def _retrying(ledger: Any) -> dict[str, Any]:
-    """The ledger's retry policy, for one renewal (its first attempt included)."""
-    policy = ledger.retry
-    return {
-        "stop": tenacity.stop_after_attempt(max(policy.attempts, 1)) | tenacity.stop_after_delay(policy.max_seconds),
-        "wait": tenacity.wait_random_exponential(multiplier=0.01, max=0.1),
-        "retry": tenacity.retry_if_exception_type(ledger.transient_errors),
-        "reraise": True,
-    }
-
-
-def _report(lease: Lease, renewed: bool | None, error: BaseException | None) -> None:
+def _reported(lease: Lease, renewed: bool | None, error: LedgerError | None = None) -> bool | None:
+    """A renewal's outcome, logged when it failed or found the lease lost."""
     if error is not None:
         logger.warning(
             "%s: its lease could not be renewed (%s); trying again in %gs. If it runs out, another host may "
             "take the call over",
             describe(lease.tool_name, lease.key),
-            type(error).__name__,
+            type(error.__cause__ or error).__name__,
             renewal_interval(lease.length),
         )
     elif renewed is False:
@@ -55,32 +45,23 @@ def _report(lease: Lease, renewed: bool | None, error: BaseException | None) -> 
             describe(lease.tool_name, lease.key),
             lease.owner,
         )
+    return renewed
 
 
 def renew_now(lease: Lease) -> bool | None:
     """Renew one lease: ``True`` done, ``False`` no longer ours, ``None`` the ledger failed."""
     try:
-        for attempt in tenacity.Retrying(**_retrying(lease.ledger)):
-            with attempt:
-                renewed = bool(lease.renewal(utcnow()).on(lease.ledger))
-    except Exception as exc:
-        _report(lease, None, exc)
-        return None
-    _report(lease, renewed, None)
-    return renewed
+        return _reported(lease, bool(perform(lease.renewal(utcnow()), lease.ledger, lease.tool_name)))
+    except LedgerError as exc:
+        return _reported(lease, None, exc)
 
 
 async def arenew_now(lease: Lease) -> bool | None:
     """``renew_now`` on the ledger's async operations."""
     try:
-        async for attempt in tenacity.AsyncRetrying(**_retrying(lease.ledger)):
-            with attempt:
-                renewed = bool(await lease.renewal(utcnow()).on(lease.ledger.aio))
-    except Exception as exc:
-        _report(lease, None, exc)
-        return None
-    _report(lease, renewed, None)
-    return renewed
+        return _reported(lease, bool(await aperform(lease.renewal(utcnow()), lease.ledger, lease.tool_name)))
+    except LedgerError as exc:
+        return _reported(lease, None, exc)
 
 
 def new_lease(ledger: Any, tool_name: str, key: CallKey, owner: str | None, length: timedelta) -> Lease | None:

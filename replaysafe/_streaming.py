@@ -13,7 +13,7 @@ from typing import Any
 from ._context import _current
 from ._core import Replay, ToolSpec, begin, settle_error, settle_result
 from ._deadlines import past, timeout_error
-from ._drivers import Plan, _lease, adrive, drive
+from ._drivers import Plan, _lease, adrive, drive, start
 from ._leases import Lease
 from ._renewer import renewer, start_renewing
 
@@ -47,13 +47,13 @@ def stream(
 
     Its deadline is checked between chunks: a stream cannot be interrupted mid-chunk.
     """
-    ledger, scope, digest, timeout, sealer = plan
-    decision = drive(begin(spec, scope, digest, args, kwargs, timeout, sealer), ledger, spec, scope, wrapped)
+    protocol, driving = start(begin, spec, plan, wrapped, args, kwargs)
+    decision = drive(protocol, driving)
     if isinstance(decision, Replay):
         yield from decision.value
         return
     run = decision
-    source = _leased(wrapped(*args, **kwargs), _lease(spec, run, ledger))
+    source = _leased(wrapped(*args, **kwargs), _lease(spec, run, plan.ledger))
     chunks: list[Any] = []
     try:
         while True:
@@ -71,23 +71,23 @@ def stream(
             yield chunk
     except BaseException as exc:
         source.close()
-        drive(settle_error(spec, scope, run, exc), ledger, spec, scope, wrapped)
+        drive(settle_error(spec, plan.scope, run, exc), driving)
         raise
-    drive(settle_result(spec, run, chunks), ledger, spec, scope, wrapped)
+    drive(settle_result(spec, run, chunks), driving)
 
 
 async def astream(
     spec: ToolSpec, plan: Plan, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> AsyncIterator[Any]:
     """``stream`` for async generator tools."""
-    ledger, scope, digest, timeout, sealer = plan
-    decision = await adrive(begin(spec, scope, digest, args, kwargs, timeout, sealer), ledger, spec, scope, wrapped)
+    protocol, driving = start(begin, spec, plan, wrapped, args, kwargs)
+    decision = await adrive(protocol, driving)
     if isinstance(decision, Replay):
         for chunk in decision.value:
             yield chunk
         return
     run = decision
-    source = _aleased(wrapped(*args, **kwargs), _lease(spec, run, ledger))
+    source = _aleased(wrapped(*args, **kwargs), _lease(spec, run, plan.ledger))
     chunks: list[Any] = []
     try:
         while True:
@@ -104,6 +104,6 @@ async def astream(
             yield chunk
     except BaseException as exc:
         await source.aclose()
-        await adrive(settle_error(spec, scope, run, exc), ledger, spec, scope, wrapped)
+        await adrive(settle_error(spec, plan.scope, run, exc), driving)
         raise
-    await adrive(settle_result(spec, run, chunks), ledger, spec, scope, wrapped)
+    await adrive(settle_result(spec, run, chunks), driving)

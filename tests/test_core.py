@@ -1,17 +1,31 @@
-"""The replay protocol alone: its decisions, driven by hand, with no ledger and no I/O."""
+"""The replay protocol alone: its decisions, driven by hand, with no ledger and no I/O.
+
+The protocol reads nothing ambient: its clocks, owner liveness and event sink are
+handed in, so these tests hand it a fixed instant and an owner that is never seen.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from freezegun import freeze_time
 
 from replaysafe import CallInProgressError, CallKey, ClaimResult, JsonSerializer, LedgerError, Record, Status
 from replaysafe._context import CallScope
-from replaysafe._core import Claim, Complete, Release, RunTool, Sleep, Takeover, ToolSpec, Verdict, judge, replay
+from replaysafe._core import (
+    Claim,
+    Complete,
+    Host,
+    Release,
+    RunTool,
+    Sleep,
+    Takeover,
+    ToolSpec,
+    Verdict,
+    judge,
+    replay,
+)
 
 KEY = CallKey("t", "m", "c")
 NOW = datetime(2026, 12, 2, tzinfo=timezone.utc)
@@ -25,11 +39,15 @@ SPEC = ToolSpec(
 )
 
 
-@pytest.fixture(autouse=True)
-def _frozen_clock() -> Iterator[None]:
-    """The protocol reads the clock; leases below are relative to this instant."""
-    with freeze_time(NOW):
-        yield
+EVENTS: list[tuple[Any, ...]] = []
+#: A fixed instant, a monotonic clock that does not move, owners this host cannot see.
+HOST = Host(
+    now=lambda: NOW,
+    monotonic=lambda: 0.0,
+    owner_alive=lambda owner: None,
+    emit=lambda kind, message, **fields: EVENTS.append((kind, message)),
+    wanted=lambda kind: True,
+)
 
 
 def record(status: Status, *, lease_left: float = 100, result: str | None = None, digest: str = "d") -> Record:
@@ -39,7 +57,7 @@ def record(status: Status, *, lease_left: float = 100, result: str | None = None
 
 
 def start() -> Any:
-    protocol = replay(SPEC, CallScope(KEY), "d", ("1042",), {}, None)
+    protocol = replay(SPEC, CallScope(KEY), "d", ("1042",), {}, None, None, "me#1", HOST)
     return protocol, next(protocol)
 
 
@@ -128,7 +146,7 @@ def test_a_cleanup_failure_never_hides_the_tool_error() -> None:
 def test_the_wait_is_bounded() -> None:
     """When the wait deadline passes, CallInProgressError."""
     spec = ToolSpec("refund_order", JsonSerializer(), (), "warn", lease=330, wait_timeout=0)
-    protocol = replay(spec, CallScope(KEY), "d", (), {}, None)
+    protocol = replay(spec, CallScope(KEY), "d", (), {}, None, None, "me#1", HOST)
     next(protocol)
     with pytest.raises(CallInProgressError):
         protocol.send(ClaimResult(record(Status.RUNNING), False))
@@ -146,4 +164,4 @@ def test_the_wait_is_bounded() -> None:
 )
 def test_judge(status: Status, lease_left: float, verdict: Verdict) -> None:
     """Each stored state maps to one verdict."""
-    assert judge(record(status, lease_left=lease_left), NOW) is verdict
+    assert judge(record(status, lease_left=lease_left), NOW, HOST.owner_alive) is verdict

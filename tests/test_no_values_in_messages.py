@@ -242,7 +242,7 @@ def test_a_driver_error_is_quoted_only_when_it_cannot_hold_a_parameter(postgres_
     and SQLSTATE reach a LedgerError; other errors keep their text, which names the fix."""
     import psycopg
 
-    from replaysafe._drivers import _reason
+    from replaysafe._operations import _reason
 
     from . import servers
 

@@ -829,7 +829,7 @@ def test_the_wait_deadline_follows_the_monotonic_clock_not_the_wall_clock(
     Stepping the machine's real clock would disturb everything else on it, so the wall
     clock the protocol reads is stepped back one hour at each look.
     """
-    from replaysafe import _core
+    from replaysafe import _drivers
     from replaysafe._owners import owner_token
 
     @replay_safe(ledger=ledger, wait_timeout=0.5)
@@ -848,7 +848,8 @@ def test_the_wait_deadline_follows_the_monotonic_clock_not_the_wall_clock(
         lease_expires_at=now + dt.timedelta(days=365),
     )
     steps = iter(range(1_000_000))
-    monkeypatch.setattr(_core, "utcnow", lambda: now - dt.timedelta(hours=next(steps)))
+    stepped_back = _drivers.HOST._replace(now=lambda: now - dt.timedelta(hours=next(steps)))
+    monkeypatch.setattr(_drivers, "HOST", stepped_back)
     outcome: list[BaseException] = []
 
     def wait() -> None:

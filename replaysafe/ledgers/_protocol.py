@@ -18,15 +18,13 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
-from .. import _unrecorded
 from .._clock import utcnow
-from .._codec import JsonSerializer, Serializer
+from .._codec import Serializer
 from .._constants import LEDGER_RETRY_ATTEMPTS, LEDGER_RETRY_MAX_SECONDS
-from .._errors import LedgerError, ledger_command
-from .._events import EventKind, emit
+from .._errors import LedgerError
 from .._owners import owner_token
 from .._records import CallKey, ClaimResult, Record, Status
-from .._sealing import Sealer, unsealed
+from .._sealing import Sealer
 from .._threads import ForkSafePool
 
 #: One signing key, or a list whose first key signs and all of which are accepted.
@@ -288,48 +286,11 @@ class LedgerBase:
         still alive is refused unless ``force=True`` (its owner would then find its
         claim gone when it finishes, and report a duplicate execution).
         """
-        if rerun == (result is not _NO_RESULT):
-            raise TypeError("resolve() takes exactly one of result=... or rerun=True")
-        record = self.get(key)
-        if record is None:
-            raise LookupError(f"no record for {key}: nothing to resolve")
-        # A finished call whose result was not recorded (or cannot be read) is settled here too.
-        unrecorded = record.status is Status.COMPLETED and _unrecorded.parse(unsealed(record.result)) is not None
-        if record.status not in (Status.RUNNING, Status.IN_DOUBT, Status.PAUSED) and not (unrecorded or force):
-            raise ValueError(
-                f"the call {key} is already {record.status}; to allow a rerun, delete its record "
-                f"({ledger_command('delete', key)}), or settle it anyway ({ledger_command('resolve', key)} "
-                "--force) if its recorded result cannot be read"
-            )
-        from .._core import Verdict, judge  # the one place that tells a live owner from a dead one
+        from .._drivers import resolve_by_hand  # the protocol decides; a ledger only stores
 
-        if not force and record.status is Status.RUNNING and judge(record, utcnow()) is Verdict.WAIT:
-            raise ValueError(
-                f"the call {key} is still running in {record.owner}, which is alive: wait for it, or settle it "
-                f"anyway ({ledger_command('resolve', key)} --force) if you know it is stuck"
-            )
-        encoded = None if rerun else (serializer or JsonSerializer()).dumps(result)
-        if encoded is not None and self.sealer is not None:
-            encoded = self.sealer.seal(key, record.tool_name, record.args_digest, Status.COMPLETED, encoded)
-        owner = f"resolve@{owner_token()}"
-        now = utcnow()
-        taken = self.takeover(record, owner=owner, now=now, lease_expires_at=now)
-        if taken is None:
-            raise RuntimeError(f"the record of {key} changed while resolving it; look at it again and retry")
-        if rerun:
-            self.release(key, owner=owner)
-            settled = None
-        else:
-            self.complete(key, owner=owner, status=Status.COMPLETED, result=encoded, now=now)
-            settled = self.get(key)
-        emit(
-            EventKind.RECONCILED,
-            f"{record.tool_name} ({key}) was settled by hand: " + ("rerun" if rerun else "result recorded"),
-            tool_name=record.tool_name,
-            key=key,
-            attempt=record.attempt,
-        )
-        return settled
+        if result is _NO_RESULT:
+            return resolve_by_hand(self, key, rerun=rerun, serializer=serializer, force=force)
+        return resolve_by_hand(self, key, result=result, rerun=rerun, serializer=serializer, force=force)
 
     def __enter__(self) -> Any:
         return self

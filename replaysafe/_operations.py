@@ -1,0 +1,102 @@
+"""Making the protocol's ledger operations: retried when the error is transient, failures explained.
+
+``perform`` and ``aperform`` make one operation (``_calls``), try it again when the
+error is transient (``_retry``), and turn a failure into the ``LedgerError`` the
+protocol gets; what a failure leaves to undo is kept for the background (``_pending``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from ._calls import CALLS
+from ._core import LedgerOp, undo_for
+from ._errors import LedgerError, describe
+from ._pending import pending_writes
+from ._retry import ledger_retrying
+from .ledgers._protocol import diagnose, is_transient
+
+
+def perform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
+    """Make ``op`` on a sync ledger; a ``LedgerError`` when it fails for good."""
+    call = CALLS[type(op)]
+    try:
+        return call(ledger, op)
+    except Exception as exc:
+        return _retrying(op, ledger, tool_name, exc, asynchronous=False)(call, ledger, op)
+    except BaseException:
+        # Interrupted mid-operation: whether it landed is unknown, so it is undone (or made) later.
+        _defer(undo_for(op), ledger, tool_name)
+        raise
+
+
+async def aperform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
+    """``perform`` on the ledger's async operations (``.aio``)."""
+    call, aio = CALLS[type(op)], ledger.aio
+    try:
+        return await call(aio, op)
+    except Exception as exc:
+        return await _retrying(op, ledger, tool_name, exc, asynchronous=True)(call, aio, op)
+
+
+def _retrying(op: LedgerOp, ledger: Any, tool_name: str, failure: Exception, *, asynchronous: bool) -> Any:
+    """What tries ``op`` again after its first ``failure``; raises at once when that cannot help."""
+
+    def give_up(error: BaseException) -> LedgerError:
+        return ledger_error(op, ledger, tool_name, error)
+
+    if ledger.retry.attempts <= 1 or not is_transient(ledger, failure):
+        raise give_up(failure) from failure
+    return ledger_retrying(ledger, lambda error: is_transient(ledger, error), give_up, asynchronous=asynchronous)
+
+
+def _defer(write: Any, ledger: Any, tool_name: str) -> None:
+    if write is not None:
+        pending_writes.defer(write, ledger, tool_name)
+
+
+def ledger_error(op: LedgerOp, ledger: Any, tool_name: str, exc: BaseException) -> LedgerError:
+    """The error a failed operation raises into the protocol; a finishing write is kept for later."""
+    fault = diagnose(ledger, exc)
+    transient = fault.transient
+    undo = undo_for(op) if transient else None
+    _defer(undo, ledger, tool_name)
+    deferred = undo is op
+    operation = type(op).__name__.lower()
+    # A driver's own error, not SQLAlchemy's wrapper, whose text would quote the
+    # statement's parameters: those hold the tool's result.
+    cause = getattr(exc, "orig", None) or exc
+    return LedgerError(
+        f"ledger {operation} failed for {describe(tool_name, op.key)} on {ledger!r} "
+        f"({_reason(cause)}). {fault.fix}"
+        + (" The write will be tried again in the background until the ledger answers." if deferred else ""),
+        tool_name=tool_name,
+        key=op.key,
+        transient=transient,
+        permanent=not transient,
+    )
+
+
+def _reason(cause: BaseException) -> str:
+    """A driver error as a message may quote it: its text only when it cannot hold a value.
+
+    Connection and file errors, SQLite's and Redis's connection errors name no
+    parameter; a PostgreSQL error's primary message does not either, except for data
+    errors (SQLSTATE class 22), which quote the offending value. Anything else: its type.
+    """
+    name = type(cause).__name__
+    sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        primary = getattr(getattr(cause, "diag", None), "message_primary", None)
+        if primary and not sqlstate.startswith("22"):
+            return f"{name} {sqlstate}: {primary}"
+        return f"{name} {sqlstate}"
+    module = type(cause).__module__
+    if (
+        isinstance(cause, (OSError, sqlite3.Error))
+        or (module.startswith("redis") and name in ("ConnectionError", "TimeoutError", "BusyLoadingError"))
+        or (module.startswith("psycopg") and name == "OperationalError")  # no SQLSTATE: a connection failure
+    ):
+        return f"{name}: {str(cause).strip()}"
+    return name
