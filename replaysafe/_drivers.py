@@ -53,6 +53,7 @@ from ._records import CallKey, Record
 from ._renewer import new_lease, renewer, start_renewing
 from ._sealing import Sealer
 from .ledgers import Ledger
+from .ledgers._protocol import NO_RESULT
 
 #: The world as the protocol sees it: this machine's clocks and processes, the event sink.
 HOST = Host(utcnow, time.monotonic, owner_alive, emit, wanted)
@@ -285,20 +286,11 @@ def start(
     return protocol, Driving(plan.ledger, spec.name, spec, plan.scope, wrapped)
 
 
-_NO_RESULT: Any = object()
-
-
 def resolve_by_hand(
-    ledger: Ledger,
-    key: CallKey,
-    *,
-    result: Any = _NO_RESULT,
-    rerun: bool = False,
-    serializer: Serializer | None = None,
-    force: bool = False,
+    ledger: Ledger, key: CallKey, result: Any, rerun: bool, serializer: Serializer | None, force: bool
 ) -> Record | None:
     """``Ledger.resolve``: the protocol's ``resolve``, driven on ``ledger``."""
-    if rerun == (result is not _NO_RESULT):
+    if rerun == (result is not NO_RESULT):
         raise TypeError("resolve() takes exactly one of result=... or rerun=True")
     encode = None if rerun else functools.partial((serializer or JsonSerializer()).dumps, result)
     protocol = resolve(key, encode, force=force, sealer=ledger.sealer, owner=f"resolve@{owner_token()}", host=HOST)

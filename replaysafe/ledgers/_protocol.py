@@ -30,7 +30,8 @@ from .._threads import ForkSafePool
 #: One signing key, or a list whose first key signs and all of which are accepted.
 SigningKey = str | bytes | Sequence[str | bytes]
 
-_NO_RESULT: Any = object()
+#: ``resolve()`` was given no ``result=``.
+NO_RESULT: Any = object()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -273,7 +274,7 @@ class LedgerBase:
         self: Any,
         key: CallKey,
         *,
-        result: Any = _NO_RESULT,
+        result: Any = NO_RESULT,
         rerun: bool = False,
         serializer: Serializer | None = None,
         force: bool = False,
@@ -288,9 +289,7 @@ class LedgerBase:
         """
         from .._drivers import resolve_by_hand  # the protocol decides; a ledger only stores
 
-        if result is _NO_RESULT:
-            return resolve_by_hand(self, key, rerun=rerun, serializer=serializer, force=force)
-        return resolve_by_hand(self, key, result=result, rerun=rerun, serializer=serializer, force=force)
+        return resolve_by_hand(self, key, result, rerun, serializer, force)
 
     def __enter__(self) -> Any:
         return self
