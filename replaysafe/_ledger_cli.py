@@ -33,10 +33,10 @@ from ._clock import utcnow
 from ._codec import JsonSerializer
 from ._constants import LEDGER_URL_ENV
 from ._core import Verdict, judge
-from ._drivers import _reason as error_text
 from ._errors import TamperedRecordError
 from ._identity import call_idempotency_key
 from ._keys import step_parent
+from ._operations import _reason as error_text
 from ._owners import owner_alive
 from ._records import CallKey, Record, Status
 from ._sealing import FINISHED, SIGNING_KEY_ENV, is_sealed, unsealed
