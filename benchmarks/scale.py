@@ -115,15 +115,13 @@ def _load_postgres(store: Store, scratch: Scratch, table: str) -> None:
         conn.execute(sql.SQL("VACUUM ANALYZE {}").format(target))
 
 
-# KEYS: none (standalone Redis). ARGV: prefix, start, stop, then the seed record's field/value pairs.
+# KEYS: none (standalone Redis). ARGV: prefix, start, stop, then the seed record's packed value.
 _REDIS_LOAD = """
-local prefix, start, stop = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local fields = {}
-for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
+local prefix, start, stop, value = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 for g = start, stop - 1 do
     local index = prefix .. ':{s' .. math.floor(g / 10) .. '}'
     local key = index .. ':m' .. g .. ':c'
-    redis.call('HSET', key, unpack(fields))
+    redis.call('SET', key, value)
     redis.call('ZADD', index, '+inf', key)
 end
 return stop - start
@@ -131,14 +129,12 @@ return stop - start
 
 
 def _load_redis(store: Store, client: redis.Redis, prefix: str) -> None:
-    """A server-side loop copying the seed record's hash to the loaded keys, in batches."""
-    seed_name = f"{prefix}:{{{SEED.thread_id}}}:{SEED.message_id}:{SEED.tool_call_id}"
-    fields: dict[bytes, bytes] = client.hgetall(seed_name)  # type: ignore[assignment]
-    pairs = [item for pair in fields.items() for item in pair]
+    """A server-side loop copying the seed record's value to the loaded keys, in batches."""
+    value = client.get(f"{prefix}:{{{SEED.thread_id}}}:{SEED.message_id}:{SEED.tool_call_id}")
     load = client.register_script(_REDIS_LOAD)
     step = 20_000
     for start in range(0, store.size, step):
-        load(args=[prefix, start, min(start + step, store.size), *pairs])
+        load(args=[prefix, start, min(start + step, store.size), value])
 
 
 # --- the measurement -----------------------------------------------------------------------
@@ -242,7 +238,7 @@ def _redis(settings: Settings, scratch: Scratch) -> list[Store]:
         ledger = RedisLedger(client, prefix=prefix)
 
         def read(key: CallKey, prefix: str = prefix) -> Any:
-            return client.hgetall(f"{prefix}:{{{key.thread_id}}}:{key.message_id}:{key.tool_call_id}")
+            return client.get(f"{prefix}:{{{key.thread_id}}}:{key.message_id}:{key.tool_call_id}")
 
         def drop(prefix: str = prefix, last: bool = size == settings.scale_sizes[-1]) -> None:
             delete_prefix(client, f"{prefix}:")
