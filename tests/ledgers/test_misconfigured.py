@@ -302,7 +302,7 @@ def test_a_redis_user_without_the_ledgers_commands_fails_closed() -> None:
     server.start()
     try:
         admin = redis.Redis.from_url(server.url)
-        admin.acl_setuser("rs-limited", enabled=True, passwords=["+pw"], keys=["*"], commands=["+ping", "+hgetall"])
+        admin.acl_setuser("rs-limited", enabled=True, passwords=["+pw"], keys=["*"], commands=["+ping", "+get"])
         admin.close()
         url = server.url.replace("redis://", "redis://rs-limited:pw@")
         with RedisLedger(url, retry=ONE_TRY) as ledger:
