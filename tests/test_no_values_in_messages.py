@@ -27,6 +27,7 @@ from replaysafe import (
     CallKey,
     Event,
     Ledger,
+    ReplayMismatchError,
     ReplaySafeError,
     SqliteLedger,
     Status,
@@ -255,3 +256,35 @@ def test_a_driver_error_is_quoted_only_when_it_cannot_hold_a_parameter(postgres_
     assert _reason(data_error.value) == "InvalidTextRepresentation 22P02"  # ...the message does not
     assert "replaysafe_no_such_table" in _reason(missing_table.value)
     assert _reason(ValueError(SECRET)) == "ValueError"
+
+
+class AwaitingApproval(Exception):
+    pass
+
+
+def test_steps_pauses_and_business_keys(ledger: Ledger, seen: Seen) -> None:
+    """A business key made of a secret, a step replayed with other arguments, a pause whose text quotes a secret."""
+
+    @replay_safe(ledger=ledger, key=lambda card: card)
+    def charge_once(card: str) -> str:
+        return "charged"
+
+    seen.run(lambda: charge_once(SECRET))
+    seen.run(lambda: charge_once(SECRET))  # the replay, in any thread
+    cards = iter([SECRET, SECRET + "-other"])
+
+    @replay_safe(ledger=ledger)
+    def charge(card: str) -> str:
+        return "ok"
+
+    @replay_safe(ledger=ledger, pause_on=AwaitingApproval)
+    def checkout() -> str:
+        charge(next(cards))
+        raise AwaitingApproval(f"approve card {SECRET}")
+
+    key = ids()
+    with pytest.raises(AwaitingApproval):
+        call(key, checkout)()
+    with pytest.raises(ReplayMismatchError) as raised:  # the resume: the step at its position has other arguments
+        call(key, checkout)()
+    seen.exception(raised.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import uuid
 from typing import Any
 
@@ -268,4 +269,34 @@ def test_a_streaming_parents_steps_are_numbered_across_its_chunks(ledger: Ledger
         assert list(pages(3)) == ["page 0", "page 1", "page 2"]
     assert [r.key for r in ledger.records(thread_id=ids[0]) if r.tool_name == "fetch"] == [
         step_key(ids, f"fetch#{n}") for n in (1, 2, 3)
+    ]
+
+
+def test_steps_of_a_parent_running_under_a_deadline_off_the_main_thread(ledger: Ledger) -> None:
+    """A parent with an explicit timeout, called off the main thread (where its deadline may move it to a
+    worker thread), still numbers and records its steps."""
+    effects: list[int] = []
+
+    @replay_safe(ledger=ledger)
+    def step(n: int) -> int:
+        effects.append(n)
+        return n
+
+    @replay_safe(ledger=ledger, timeout=60)
+    def parent() -> list[int]:
+        return [step(1), step(2)]
+
+    ids = new_ids()
+
+    def call() -> list[int]:
+        with tool_call(*ids):
+            return parent()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        assert pool.submit(call).result(timeout=60) == [1, 2]
+        assert pool.submit(call).result(timeout=60) == [1, 2]
+    assert effects == [1, 2]
+    assert [r.key for r in ledger.records(thread_id=ids[0]) if r.tool_name == "step"] == [
+        step_key(ids, "step#1"),
+        step_key(ids, "step#2"),
     ]
