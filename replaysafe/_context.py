@@ -124,6 +124,11 @@ class RunningCall(CallInfo):
     def __repr__(self) -> str:
         return "CallInfo" + super().__repr__().removeprefix(type(self).__name__)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled or copied, it is the plain CallInfo it shows: its execution's state (a ledger,
+        # counters) stays in this process.
+        return (CallInfo, tuple(self))
+
 
 _scope: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar("replaysafe_scope", default=None)
 _node: contextvars.ContextVar[NodeScope | None] = contextvars.ContextVar("replaysafe_node", default=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import pickle
 import uuid
 from typing import Any
 
@@ -300,3 +301,23 @@ def test_steps_of_a_parent_running_under_a_deadline_off_the_main_thread(ledger: 
         step_key(ids, "step#1"),
         step_key(ids, "step#2"),
     ]
+
+
+def test_current_call_pickles_as_a_plain_call_info(ledger: Ledger) -> None:
+    """A step's CallInfo crosses a process boundary (a task queue) as data, its parent too."""
+    seen: list[bytes] = []
+
+    @replay_safe(ledger=ledger)
+    def step() -> None:
+        seen.append(pickle.dumps(current_call()))
+
+    @replay_safe(ledger=ledger)
+    def parent() -> None:
+        step()
+
+    ids = new_ids()
+    with tool_call(*ids):
+        parent()
+    info = pickle.loads(seen[0])
+    assert type(info) is CallInfo and type(info.parent) is CallInfo
+    assert info.key == step_key(ids, "step#1") and info.parent.key == CallKey(*ids)
