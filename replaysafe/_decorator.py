@@ -29,7 +29,7 @@ from ._context import (
 from ._core import OnLedgerError, ToolSpec, effective_timeout, replay
 from ._drivers import Plan, adrive, drive, start
 from ._errors import MissingCallIdError, ToolTimeoutError, UnprotectedCallWarning, describe
-from ._events import EventKind, emit
+from ._events import EventKind, emit, wanted
 from ._identity import SignatureDigest, args_digest
 from ._keys import args_key, business_key, step_key
 from ._records import CallKey
@@ -268,9 +268,17 @@ class _Binder:
         return arguments if self.required <= arguments.keys() else None
 
 
+def _count_unprotected(tool_name: str, why: str) -> None:
+    """Every unprotected call is an event (metrics count them); the warning is said only once."""
+    if wanted(EventKind.UNPROTECTED):
+        emit(EventKind.UNPROTECTED, f"{tool_name} ran WITHOUT replay protection: {why}", tool_name=tool_name, key=None)
+
+
 def _warn_no_ledger(tool_name: str) -> None:
     global _warned_no_ledger
-    if not _warned_no_ledger:
+    if _warned_no_ledger:
+        _count_unprotected(tool_name, "no ledger is configured")
+    else:
         _warned_no_ledger = True
         message = (
             f"{tool_name} and every other @replay_safe tool run WITHOUT replay protection: no ledger is configured. "
@@ -283,7 +291,9 @@ def _warn_no_ledger(tool_name: str) -> None:
 
 def _warn_disabled(tool_name: str) -> None:
     global _warned_disabled
-    if not _warned_disabled:
+    if _warned_disabled:
+        _count_unprotected(tool_name, f"{_constants.DISABLED_ENV}=1 is in effect")
+    else:
         _warned_disabled = True
         message = (
             f"{tool_name} and every other @replay_safe tool run WITHOUT replay protection: "

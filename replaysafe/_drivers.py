@@ -46,6 +46,7 @@ from ._deadlines import alarm_is_ours_to_use, await_with_timeout, run_in_worker,
 from ._errors import ReplaySafeError, describe
 from ._events import emit, logger, wanted
 from ._leases import Lease
+from ._metrics import ledger_kind
 from ._operations import aperform, perform
 from ._owners import owner_alive, owner_token
 from ._pending import pending_writes
@@ -282,8 +283,19 @@ def start(
     kwargs: Any,
 ) -> tuple[Generator[Effect, Any, Any], Driving]:
     """The protocol of one protected call (``replay``, or ``begin`` for a stream), ready to drive."""
-    protocol = phase(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer, owner_token(), HOST)
+    host = _hosts.get(type(plan.ledger)) or _host_for(plan.ledger)
+    protocol = phase(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer, owner_token(), host)
     return protocol, Driving(plan.ledger, spec.name, spec, plan.scope, wrapped)
+
+
+#: A host per ledger class: its events name the ledger's kind (for metrics and logs).
+_hosts: dict[type, Host] = {}
+
+
+def _host_for(ledger: Ledger) -> Host:
+    host = HOST._replace(emit=functools.partial(emit, ledger=ledger_kind(ledger)))
+    _hosts[type(ledger)] = host
+    return host
 
 
 def resolve_by_hand(

@@ -56,6 +56,8 @@ class Event:
     duration: float | None = None
     #: The key the call hands its provider, to look its effect up (``IN_DOUBT``).
     idempotency_key: str | None = None
+    #: The kind of ledger the call used (``memory``, ``sqlite``, ``postgres``, ``redis``, or a registered one).
+    ledger: str | None = None
     at: datetime = dataclasses.field(default_factory=utcnow)
 
 

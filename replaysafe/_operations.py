@@ -8,11 +8,14 @@ protocol gets; what a failure leaves to undo is kept for the background (``_pend
 from __future__ import annotations
 
 import sqlite3
+import time
 from typing import Any
 
+from . import _metrics
 from ._calls import CALLS
 from ._core import LedgerOp, undo_for
 from ._errors import LedgerError, describe
+from ._events import logger
 from ._pending import pending_writes
 from ._retry import ledger_retrying
 from .ledgers._protocol import diagnose, is_transient
@@ -20,6 +23,40 @@ from .ledgers._protocol import diagnose, is_transient
 
 def perform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
     """Make ``op`` on a sync ledger; a ``LedgerError`` when it fails for good."""
+    if _metrics.observers is None:  # the hot path: nobody measures
+        return _perform(op, ledger, tool_name)
+    start, ok = time.perf_counter(), False
+    try:
+        result = _perform(op, ledger, tool_name)
+        ok = True
+        return result
+    finally:
+        _observed(op, ledger, time.perf_counter() - start, ok)
+
+
+async def aperform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
+    """``perform`` on the ledger's async operations (``.aio``)."""
+    if _metrics.observers is None:
+        return await _aperform(op, ledger, tool_name)
+    start, ok = time.perf_counter(), False
+    try:
+        result = await _aperform(op, ledger, tool_name)
+        ok = True
+        return result
+    finally:
+        _observed(op, ledger, time.perf_counter() - start, ok)
+
+
+def _observed(op: LedgerOp, ledger: Any, seconds: float, ok: bool) -> None:
+    kind, operation = _metrics.ledger_kind(ledger), type(op).__name__.lower()
+    for observer in _metrics.observers or ():
+        try:
+            observer(kind, operation, seconds, ok)
+        except Exception:  # a metrics failure never fails the call
+            logger.exception("replaysafe ledger observer %r failed", observer)
+
+
+def _perform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
     call = CALLS[type(op)]
     try:
         return call(ledger, op)
@@ -31,8 +68,7 @@ def perform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
         raise
 
 
-async def aperform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
-    """``perform`` on the ledger's async operations (``.aio``)."""
+async def _aperform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
     call, aio = CALLS[type(op)], ledger.aio
     try:
         return await call(aio, op)
