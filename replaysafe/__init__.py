@@ -10,6 +10,7 @@ from ._context import CallInfo, InDoubt, current_call, current_call_or_none, nod
 from ._core import RERUN
 from ._decorator import is_replay_safe, replay_safe
 from ._errors import (
+    CONTROL_ERRORS,
     ArgumentDigestError,
     CallInDoubtError,
     CallInProgressError,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from .ledgers.sqlite import SqliteLedger
 
 __all__ = [
+    "CONTROL_ERRORS",
     "ArgumentDigestError",
     "CallInDoubtError",
     "CallInProgressError",

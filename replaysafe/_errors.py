@@ -192,3 +192,21 @@ class ReplaySafeWarning(UserWarning):
 
 class UnprotectedCallWarning(ReplaySafeWarning):
     """A protected tool ran without protection (missing ids or no ledger)."""
+
+
+#: replaysafe's refusals and failures of its own: the call did not run as asked, and a model shown one
+#: would only ask again under new ids. An adapter never turns them into a tool message; the run stops.
+#: A ``RecordedToolError`` (the tool's own recorded failure) and a ``ToolTimeoutError`` (the tool ran
+#: past its deadline) are the tool's outcome, and are not among them.
+CONTROL_ERRORS: tuple[type[ReplaySafeError], ...] = (
+    CallInDoubtError,
+    CallInProgressError,
+    ReplayMismatchError,
+    TamperedRecordError,
+    LedgerError,
+    RecordUnreadableError,
+    ResultEncodingError,
+    MissingCallIdError,
+    InvalidCallIdError,
+    ArgumentDigestError,
+)

@@ -15,7 +15,7 @@ from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.tools import BaseTool
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -95,3 +95,26 @@ def agent_graph(
 def summary(messages: Iterable[BaseMessage]) -> list[list[Any]]:
     """``[type, id, tool_call_id, content]`` per message: what the tests compare."""
     return [[m.type, m.id, getattr(m, "tool_call_id", None), m.content] for m in messages]
+
+
+# --- running a graph on a thread -------------------------------------------------------
+
+
+def config(thread_id: str) -> Any:
+    return {"configurable": {"thread_id": thread_id}}
+
+
+def ask(turn: int) -> dict[str, list[AnyMessage]]:
+    return {"messages": [HumanMessage(f"turn {turn}: refund order A1 and tell the customer", id=f"human-turn{turn}")]}
+
+
+def before_tools(graph: Any, thread_id: str) -> Any:
+    """The config of the checkpoint taken after the model asked for the tools, before they ran."""
+    return next(s.config for s in graph.get_state_history(config(thread_id)) if set(s.next) == {"tools"})
+
+
+async def abefore_tools(graph: Any, thread_id: str) -> Any:
+    async for snapshot in graph.aget_state_history(config(thread_id)):
+        if set(snapshot.next) == {"tools"}:
+            return snapshot.config
+    raise AssertionError("no checkpoint before the tools step")

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import pytest
 from langchain.agents.middleware import HumanInTheLoopMiddleware
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
 from langchain_core.tools import BaseTool, InjectedToolCallId, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -32,7 +32,11 @@ from replaysafe import (
 from replaysafe_langgraph import ReplaySafeMiddleware, ai_message_digest, replay_safe_tool_node
 
 from _langgraph_fakes import (
+    abefore_tools,
     agent_graph,
+    ask,
+    before_tools,
+    config,
     final_answer,
     refund_and_email,
     scripted,
@@ -79,26 +83,6 @@ def build(graph: str, model: Any, tools: list[BaseTool], ledger: SqliteLedger | 
         return state_graph(model, node, InMemorySaver())
     middleware = [] if ledger is None else [ReplaySafeMiddleware(ledger, **options)]
     return agent_graph(model, tools, middleware, InMemorySaver())
-
-
-def config(thread_id: str) -> Any:
-    return {"configurable": {"thread_id": thread_id}}
-
-
-def ask(turn: int) -> dict[str, list[AnyMessage]]:
-    return {"messages": [HumanMessage(f"turn {turn}: refund order A1 and tell the customer", id=f"human-turn{turn}")]}
-
-
-def before_tools(graph: Any, thread_id: str) -> Any:
-    """The config of the checkpoint taken after the model asked for the tools, before they ran."""
-    return next(s.config for s in graph.get_state_history(config(thread_id)) if set(s.next) == {"tools"})
-
-
-async def abefore_tools(graph: Any, thread_id: str) -> Any:
-    async for snapshot in graph.aget_state_history(config(thread_id)):
-        if set(snapshot.next) == {"tools"}:
-            return snapshot.config
-    raise AssertionError("no checkpoint before the tools step")
 
 
 def tool_results(messages: list[AnyMessage]) -> dict[str, Any]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +28,18 @@ from agents.testing import ModelStep, ScriptedModel, function_call
 from openai import AsyncOpenAI
 from openai.types.responses import EasyInputMessageParam
 
-from replaysafe import CallKey, MissingCallIdError, SqliteLedger, Status
+from replaysafe import (
+    CallInDoubtError,
+    CallKey,
+    MissingCallIdError,
+    ReplayMismatchError,
+    SqliteLedger,
+    Status,
+    replay_safe,
+)
 from replaysafe_openai_agents import context_field, group_id, replay_safe_agent
 
-from agents_scenario import RUN_CONFIG, THREAD, Variant, build_agent, calls_step, done_step, effects
+from agents_scenario import RUN_CONFIG, THREAD, Variant, _append, build_agent, calls_step, done_step, effects
 
 CHILD = Path(__file__).with_name("agents_child.py")
 REFUND = "refund A1"
@@ -228,3 +238,72 @@ def test_a_wrapped_tool_keeps_the_sdk_metadata() -> None:
         True,
     )
     assert wrapped.__wrapped__ is lookup  # type: ignore[union-attr]
+
+
+def refund_step(turn: int, order_id: str) -> ModelStep:
+    """The model asks for one refund; the same ids on every run of ``turn``."""
+    call = function_call("refund_order", {"order_id": order_id}, call_id="call_1", item_id=f"fc_{turn}_1")
+    return ModelStep(output=[call], response_id=f"resp_{turn}_calls")
+
+
+def chain(error: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and len(found) < 10:
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+@pytest.mark.parametrize("decorated", [False, True], ids=["wrapped", "decorated"])
+async def test_replaysafe_errors_end_the_run_instead_of_reaching_the_model(
+    decorated: bool, ledger: SqliteLedger, effects_path: Path
+) -> None:
+    """Under the SDK's default failure handler, a call in doubt (in_doubt="raise") or a mismatch ends the run.
+
+    The tool's own failure (here: passing its deadline) is still a message for the model, and it
+    names neither this host nor this process.
+    """
+    hang = asyncio.Event()
+
+    async def refund_order(order_id: str) -> str:
+        _append(effects_path, f"refund {order_id}")
+        if order_id == "A1":
+            await hang.wait()
+        return f"refunded {order_id}"
+
+    function = replay_safe(timeout=0.05, in_doubt="raise")(refund_order) if decorated else refund_order
+    tool = function_tool(function, name_override="refund_order")
+    seen: list[str] = []
+
+    def agent(*steps: ModelStep) -> Agent[Any]:
+        plain: Agent[Any] = Agent(name="support", model=ScriptedModel(list(steps)), tools=[tool])
+        return replay_safe_agent(plain, ledger, thread_id=THREAD, timeout=0.05)
+
+    first = await Runner.run(agent(refund_step(1, "A1"), done_step(1)), "refund A1", run_config=RUN_CONFIG)
+    outputs = [item.output for item in first.new_items if item.type == "tool_call_output_item"]
+    seen += map(str, outputs)
+    assert len(outputs) == 1
+    assert "error occurred" in str(outputs[0])
+    record = ledger.get(CallKey(THREAD, "fc_1_1", "call_1"))
+    assert record is not None
+    assert record.status is Status.IN_DOUBT
+    assert all(record.owner not in text and socket.gethostname() not in text for text in seen)
+
+    with pytest.raises(Exception) as in_doubt:  # noqa: PT011 - the SDK's wrapper; the cause is checked
+        await Runner.run(
+            replay_safe_agent(
+                Agent(name="support", model=ScriptedModel([refund_step(1, "A1")]), tools=[tool]),
+                ledger,
+                thread_id=THREAD,
+                in_doubt="raise",
+            ),
+            "refund A1",
+            run_config=RUN_CONFIG,
+        )
+    assert any(isinstance(error, CallInDoubtError) for error in chain(in_doubt.value))
+
+    with pytest.raises(Exception) as mismatch:  # noqa: PT011
+        await Runner.run(agent(refund_step(1, "B2")), "refund B2 instead", run_config=RUN_CONFIG)
+    assert any(isinstance(error, ReplayMismatchError) for error in chain(mismatch.value))
+    assert effects(effects_path) == [REFUND]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from replaysafe import InDoubt
 
-from ._interceptor import PAUSES, ReplaySafeInterceptor, replay_safe_tool_node
+from ._interceptor import PAUSES, InterceptorOptions, ReplaySafeInterceptor, replay_safe_tool_node, tool_error_handler
 from ._keys import MessageIdFallback, ai_message_digest, call_key, find_ai_message, thread_id_of
 from ._middleware import ReplaySafeMiddleware
 from ._serializer import MessageSerializer
@@ -19,6 +19,7 @@ from ._serializer import MessageSerializer
 __all__ = [
     "PAUSES",
     "InDoubt",
+    "InterceptorOptions",
     "MessageIdFallback",
     "MessageSerializer",
     "ReplaySafeInterceptor",
@@ -28,4 +29,5 @@ __all__ = [
     "find_ai_message",
     "replay_safe_tool_node",
     "thread_id_of",
+    "tool_error_handler",
 ]

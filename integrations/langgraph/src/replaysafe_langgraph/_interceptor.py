@@ -4,31 +4,86 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool
 from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt import ToolNode
-from langgraph.prebuilt.tool_node import ToolCallRequest
+
+# ToolNode's own reading of its handle_tool_errors setting: tool_error_handler(flag) keeps its meaning.
+from langgraph.prebuilt.tool_node import ToolCallRequest, _handle_tool_error, _infer_handled_types
 from langgraph.types import Command
 
-from replaysafe import CallKey, InDoubt, Ledger, Serializer, is_replay_safe, replay_safe, tool_call
+from replaysafe import CONTROL_ERRORS, CallKey, InDoubt, Ledger, Serializer, is_replay_safe, replay_safe, tool_call
 
 from ._keys import MessageIdFallback, call_key
 from ._serializer import MessageSerializer
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 ToolResult = ToolMessage | Command[Any]
 Execute = Callable[[ToolCallRequest], ToolResult]
 AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
 
-#: What to do with a call whose process died mid-way: run it again, raise, or ask a reconciler.
-
-
 #: Exceptions that pause a tool for a human: LangGraph's ``interrupt()`` raises ``GraphInterrupt``.
 PAUSES: tuple[type[BaseException], ...] = (GraphBubbleUp,)
 #: Per-run settings read from ``config["configurable"]``, as ``replaysafe.tool_call`` names them.
 RUN_SETTINGS = ("tool_timeout", "in_doubt")
+#: What ``ToolNode(handle_tool_errors=...)`` accepts.
+ToolErrors = bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
+
+
+class InterceptorOptions(TypedDict, total=False):
+    """The options ``ReplaySafeInterceptor``, ``replay_safe_tool_node`` and ``ReplaySafeMiddleware`` all take."""
+
+    messages_key: str
+    fallback_message_id: MessageIdFallback | None
+    on_missing_ids: Literal["warn", "raise"]
+    on_ledger_error: Literal["warn", "raise"]
+    timeout: float | None
+    in_doubt: InDoubt | None
+    lease: float | None
+    wait_timeout: float | None
+    serializer: Serializer | None
+
+
+class _ToolFailedError(Exception):
+    """The tool raised and ToolNode answered with an error ``ToolMessage``.
+
+    Raised through the protected call so that its claim is released, not recorded: the call
+    runs again on resume, exactly as a tool decorated with ``@replay_safe`` that raises.
+    """
+
+    def __init__(self, message: ToolMessage) -> None:
+        super().__init__(f"{message.name} failed; ToolNode answered with an error message")
+        self.message = message
+
+
+def tool_error_handler(flag: ToolErrors = True) -> Callable[[Exception], str]:
+    """A ``ToolNode(handle_tool_errors=...)`` value that handles errors as ``flag`` does, except replaysafe's.
+
+    replaysafe's ``CONTROL_ERRORS`` (a call in doubt, in progress elsewhere, a mismatch, a tampered
+    record, a ledger failure under ``on_ledger_error="raise"``...) are never turned into a message for
+    the model: the run stops with the error, for an operator. ``replay_safe_tool_node`` applies it
+    to its ``handle_tool_errors`` itself; pass it when you build the ``ToolNode`` yourself.
+    """
+    if isinstance(flag, type) and issubclass(flag, Exception):
+        handled: tuple[type[Exception], ...] = (flag,)
+    elif isinstance(flag, tuple):
+        handled = flag
+    elif callable(flag) and not isinstance(flag, type):
+        handled = _infer_handled_types(flag)
+    else:
+        handled = (Exception,)
+
+    def handle(error: Exception) -> str:
+        if not flag or isinstance(error, CONTROL_ERRORS) or not isinstance(error, handled):
+            raise error
+        return _handle_tool_error(error, flag=flag)
+
+    return handle
 
 
 class ReplaySafeInterceptor:
@@ -96,10 +151,21 @@ class ReplaySafeInterceptor:
         tool = request.tool
         if tool is None:  # not a registered tool: ToolNode answers with an error, nothing runs
             return execute(request)
+        if getattr(tool, "func", True) is None and getattr(tool, "coroutine", None) is not None:
+            raise TypeError(
+                f"{tool.name} is an async tool, and ToolNode called the sync interceptor: LangChain cannot run it "
+                "this way. Run the graph with ainvoke/astream, and install both interceptors: "
+                "ToolNode(tools, wrap_tool_call=interceptor.wrap, awrap_tool_call=interceptor.awrap), as "
+                "replay_safe_tool_node() and ReplaySafeMiddleware do."
+            )
         with self._scope(request):
             if _decorated(tool, asynchronous=False):
                 return execute(request)
-            return _as_result(self._protected(tool.name)(request.tool_call["args"], request, execute), request)
+            try:
+                result = self._protected(tool.name)(request.tool_call["args"], request, execute)
+            except _ToolFailedError as failed:
+                return failed.message
+            return _as_result(result, request)
 
     async def awrap(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
         """The async interceptor (``ToolNode(awrap_tool_call=...)``)."""
@@ -109,7 +175,10 @@ class ReplaySafeInterceptor:
         async with self._scope(request):
             if _decorated(tool, asynchronous=True):
                 return await execute(request)
-            result = await self._aprotected(tool.name)(request.tool_call["args"], request, execute)
+            try:
+                result = await self._aprotected(tool.name)(request.tool_call["args"], request, execute)
+            except _ToolFailedError as failed:
+                return failed.message
             return _as_result(result, request)
 
     def _protected(self, name: str) -> Callable[..., ToolResult]:
@@ -117,7 +186,7 @@ class ReplaySafeInterceptor:
         if protected is None:
 
             def run(args: dict[str, Any], request: ToolCallRequest, execute: Execute) -> ToolResult:
-                return execute(request)
+                return _unless_failed(execute(request))
 
             protected = self._sync.setdefault(name, replay_safe(name=name, **self._options)(run))
         return protected
@@ -127,7 +196,7 @@ class ReplaySafeInterceptor:
         if protected is None:
 
             async def run(args: dict[str, Any], request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
-                return await execute(request)
+                return _unless_failed(await execute(request))
 
             protected = self._async.setdefault(name, replay_safe(name=name, **self._options)(run))
         return protected
@@ -137,38 +206,42 @@ def replay_safe_tool_node(
     tools: Sequence[BaseTool | Callable[..., Any]],
     *,
     ledger: Ledger | None,
-    fallback_message_id: MessageIdFallback | None = None,
-    on_missing_ids: Literal["warn", "raise"] = "warn",
-    on_ledger_error: Literal["warn", "raise"] = "warn",
-    timeout: float | None = None,
-    in_doubt: InDoubt | None = None,
-    lease: float | None = None,
-    wait_timeout: float | None = None,
-    **toolnode_kwargs: Any,
+    name: str = "tools",
+    tags: list[str] | None = None,
+    handle_tool_errors: ToolErrors | None = None,
+    **options: Unpack[InterceptorOptions],
 ) -> ToolNode:
     """A ``langgraph.prebuilt.ToolNode`` with both ``ReplaySafeInterceptor`` methods installed.
 
-    The keyword options are ``ReplaySafeInterceptor``'s; ``toolnode_kwargs`` go to
-    ``ToolNode`` (``name``, ``handle_tool_errors``, ``messages_key``...).
+    ``options`` are ``ReplaySafeInterceptor``'s (``messages_key`` is ToolNode's too);
+    ``name``, ``tags`` and ``handle_tool_errors`` are ToolNode's. Whatever
+    ``handle_tool_errors`` says, replaysafe's own errors stop the run (see :func:`tool_error_handler`).
     """
-    if "wrap_tool_call" in toolnode_kwargs or "awrap_tool_call" in toolnode_kwargs:
+    given: dict[str, Any] = dict(options)
+    if "wrap_tool_call" in given or "awrap_tool_call" in given:
         raise TypeError(
             "replay_safe_tool_node() installs its own wrap_tool_call and awrap_tool_call. To combine them with "
             "yours, build ToolNode(...) yourself and call ReplaySafeInterceptor(ledger).wrap / .awrap as the "
             "innermost step of your interceptors."
         )
-    interceptor = ReplaySafeInterceptor(
-        ledger,
-        messages_key=toolnode_kwargs.get("messages_key", "messages"),
-        fallback_message_id=fallback_message_id,
-        on_missing_ids=on_missing_ids,
-        on_ledger_error=on_ledger_error,
-        timeout=timeout,
-        in_doubt=in_doubt,
-        lease=lease,
-        wait_timeout=wait_timeout,
+    interceptor = ReplaySafeInterceptor(ledger, **options)
+    # ToolNode's default handles bad arguments only, and lets every other error through.
+    errors = {} if handle_tool_errors is None else {"handle_tool_errors": tool_error_handler(handle_tool_errors)}
+    return ToolNode(
+        tools,
+        name=name,
+        tags=tags,
+        messages_key=interceptor.messages_key,
+        wrap_tool_call=interceptor.wrap,
+        awrap_tool_call=interceptor.awrap,
+        **errors,
     )
-    return ToolNode(tools, wrap_tool_call=interceptor.wrap, awrap_tool_call=interceptor.awrap, **toolnode_kwargs)
+
+
+def _unless_failed(result: ToolResult) -> ToolResult:
+    if isinstance(result, ToolMessage) and result.status == "error":
+        raise _ToolFailedError(result)
+    return result
 
 
 def _as_result(value: Any, request: ToolCallRequest) -> ToolResult:

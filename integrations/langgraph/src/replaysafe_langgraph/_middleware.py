@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from langchain.agents.middleware import AgentMiddleware, AgentState
 from langgraph.prebuilt.tool_node import ToolCallRequest
 
-from replaysafe import InDoubt, Ledger
+from replaysafe import Ledger
 
-from ._interceptor import AsyncExecute, Execute, ReplaySafeInterceptor, ToolResult
-from ._keys import MessageIdFallback
+from ._interceptor import AsyncExecute, Execute, InterceptorOptions, ReplaySafeInterceptor, ToolResult
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class ReplaySafeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
@@ -19,32 +21,12 @@ class ReplaySafeMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     Put it LAST in ``middleware=[...]``, after ``HumanInTheLoopMiddleware`` and any
     middleware that edits tool calls: the last one is the innermost, so it keys and
     records the call with its final arguments and never wraps a human review.
-    The options are ``ReplaySafeInterceptor``'s.
+    The options are ``ReplaySafeInterceptor``'s, the same as ``replay_safe_tool_node``'s.
     """
 
-    def __init__(
-        self,
-        ledger: Ledger | None,
-        *,
-        fallback_message_id: MessageIdFallback | None = None,
-        on_missing_ids: Literal["warn", "raise"] = "warn",
-        on_ledger_error: Literal["warn", "raise"] = "warn",
-        timeout: float | None = None,
-        in_doubt: InDoubt | None = None,
-        lease: float | None = None,
-        wait_timeout: float | None = None,
-    ) -> None:
+    def __init__(self, ledger: Ledger | None, **options: Unpack[InterceptorOptions]) -> None:
         super().__init__()
-        self.interceptor = ReplaySafeInterceptor(
-            ledger,
-            fallback_message_id=fallback_message_id,
-            on_missing_ids=on_missing_ids,
-            on_ledger_error=on_ledger_error,
-            timeout=timeout,
-            in_doubt=in_doubt,
-            lease=lease,
-            wait_timeout=wait_timeout,
-        )
+        self.interceptor = ReplaySafeInterceptor(ledger, **options)
 
     def wrap_tool_call(self, request: ToolCallRequest, handler: Execute) -> ToolResult:
         return self.interceptor.wrap(request, handler)

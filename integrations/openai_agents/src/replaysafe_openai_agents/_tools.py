@@ -12,7 +12,7 @@ from agents.models.fake_id import FAKE_RESPONSES_ID
 from agents.tool import _FailureHandlingFunctionToolInvoker
 from agents.tool_context import ToolContext
 
-from replaysafe import CallKey, Ledger, is_replay_safe, replay_safe, tool_call
+from replaysafe import CONTROL_ERRORS, CallKey, Ledger, ReplaySafeError, is_replay_safe, replay_safe, tool_call
 
 TContext = TypeVar("TContext")
 Invoker = Callable[[ToolContext[Any], str], Awaitable[Any]]
@@ -78,6 +78,44 @@ async def _execute(ctx: ToolContext[Any], arguments: str, invoke: Invoker) -> An
     return await invoke(ctx, arguments)
 
 
+class _Refused(BaseException):
+    """Carries one of replaysafe's ``CONTROL_ERRORS`` past the SDK's failure handler (which catches ``Exception``)."""
+
+    def __init__(self, error: ReplaySafeError) -> None:
+        super().__init__(type(error).__name__)
+        self.error = error
+
+
+def _refusing(invoke: Invoker) -> Invoker:
+    @functools.wraps(invoke)  # keeps the SDK's markers
+    async def refusing(ctx: ToolContext[Any], arguments: str) -> Any:
+        try:
+            return await invoke(ctx, arguments)
+        except CONTROL_ERRORS as error:
+            raise _Refused(error) from None
+
+    return refusing
+
+
+class _StopsOnRefusal(_FailureHandlingFunctionToolInvoker):
+    """The SDK's failure handler, except that replaysafe's ``CONTROL_ERRORS`` end the run.
+
+    A call in doubt, in progress elsewhere, or refused for a mismatch is not the tool's failure:
+    shown to the model, it would only be asked for again under a new call id.
+    """
+
+    async def __call__(self, ctx: ToolContext[Any], input: str) -> Any:
+        try:
+            return await super().__call__(ctx, input)
+        except _Refused as refused:
+            raise refused.error from None
+
+    def __agents_bind_function_tool__(self, function_tool: FunctionTool) -> _FailureHandlingFunctionToolInvoker:
+        bound = super().__agents_bind_function_tool__(function_tool)
+        bound.__class__ = _StopsOnRefusal  # the SDK builds the bound copy as its own class
+        return bound
+
+
 def replay_safe_tool(
     tool: FunctionTool,
     ledger: Ledger | None = None,
@@ -93,16 +131,16 @@ def replay_safe_tool(
     ``@replay_safe`` protects itself with its own options; any other tool's output is recorded,
     with ``options`` as ``@replay_safe`` options (``lease=``, ``serializer=``, ``on_missing_ids=``…).
     A tool that raises is not recorded, so the SDK's failure handler still turns the error into a
-    message for the model and a replay runs the tool again.
+    message for the model and a replay runs the tool again. replaysafe's own ``CONTROL_ERRORS``
+    (a call in doubt under ``in_doubt="raise"``, a mismatch...) are never turned into a message:
+    they end the run.
     """
     decorated = _is_replay_safe(tool)
     settings = (ledger, thread_id, tuple(pauses), decorated, tool.name, options)
     invoker = tool.on_invoke_tool
     if isinstance(invoker, _FailureHandlingFunctionToolInvoker):
         # Protect what runs inside the SDK's failure handler, so errors are not recorded as outputs.
-        handler = _FailureHandlingFunctionToolInvoker(
-            _protect(invoker._invoke_tool_impl, *settings), invoker._on_handled_error
-        )
+        handler = _StopsOnRefusal(_refusing(_protect(invoker._invoke_tool_impl, *settings)), invoker._on_handled_error)
         for marker, value in vars(invoker).items():
             if marker.startswith("__agents_"):  # e.g. the sync-tool marker
                 setattr(handler, marker, value)
