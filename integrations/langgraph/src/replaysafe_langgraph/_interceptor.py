@@ -8,14 +8,24 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool
-from langgraph.errors import GraphBubbleUp
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.prebuilt import ToolNode
 
 # ToolNode's own reading of its handle_tool_errors setting: tool_error_handler(flag) keeps its meaning.
 from langgraph.prebuilt.tool_node import ToolCallRequest, _handle_tool_error, _infer_handled_types
 from langgraph.types import Command
 
-from replaysafe import CONTROL_ERRORS, CallKey, InDoubt, Ledger, Serializer, is_replay_safe, replay_safe, tool_call
+from replaysafe import (
+    CONTROL_ERRORS,
+    CallKey,
+    InDoubt,
+    Ledger,
+    Serializer,
+    is_replay_safe,
+    register_pause,
+    replay_safe,
+    tool_call,
+)
 
 from ._keys import MessageIdFallback, call_key
 from ._serializer import MessageSerializer
@@ -29,6 +39,9 @@ AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
 
 #: Exceptions that pause a tool for a human: LangGraph's ``interrupt()`` raises ``GraphInterrupt``.
 PAUSES: tuple[type[BaseException], ...] = (GraphBubbleUp,)
+# Every protected call pauses on interrupt(), in a ToolNode or not (a step called from any node): the call
+# is kept paused with its completed steps, and Command(resume=...) runs it again with those steps replaying.
+register_pause(GraphInterrupt)
 #: Per-run settings read from ``config["configurable"]``, as ``replaysafe.tool_call`` names them.
 RUN_SETTINGS = ("tool_timeout", "in_doubt")
 #: What ``ToolNode(handle_tool_errors=...)`` accepts.

@@ -14,11 +14,14 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets.function import FunctionToolsetTool
 
-from replaysafe import CallKey, Ledger, is_replay_safe, replay_safe, tool_call
+from replaysafe import CallKey, Ledger, is_replay_safe, register_pause, replay_safe, tool_call
 
 #: Pydantic AI's deferrals: a tool (or a capability's ``before_tool_execute``) that raises one
 #: pauses the call for a human or an external system. Its claim is released, never recorded.
 PAUSES: tuple[type[BaseException], ...] = (CallDeferred, ApprovalRequired)
+# In every protected call: the call is kept paused with its completed steps; once approved (or its
+# deferred result arrives) the resumed run calls it again and those steps replay.
+register_pause(*PAUSES)
 
 
 def message_id(messages: Sequence[ModelMessage], tool_call_id: str) -> str | None:
