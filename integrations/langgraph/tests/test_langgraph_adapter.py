@@ -339,8 +339,8 @@ def approval_tools(effects: list[str]) -> list[BaseTool]:
 
 
 @pytest.mark.parametrize("graph", GRAPHS)
-def test_interrupt_inside_a_tool_releases_the_claim(graph: str, ledger: SqliteLedger, thread_id: str) -> None:
-    """interrupt() in a tool leaves no claim behind; resuming after approval runs the tool once."""
+def test_interrupt_inside_a_tool_keeps_the_call_paused(graph: str, ledger: SqliteLedger, thread_id: str) -> None:
+    """interrupt() in a tool keeps the call paused (no claim held); resuming after approval runs the tool once."""
     effects: list[str] = []
     model = scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}), final_answer(1))
     # wait_timeout=0: a claim left behind would fail the resume at once (CallInProgressError).
@@ -348,25 +348,29 @@ def test_interrupt_inside_a_tool_releases_the_claim(graph: str, ledger: SqliteLe
     paused = agent.invoke(ask(1), config(thread_id))
     key = CallKey(thread_id, "msg-turn1-tools", "call_1")
     assert [i.value for i in paused["__interrupt__"]] == [{"approve_refund": "A1"}]
-    assert ledger.get(key) is None
+    record = ledger.get(key)
+    assert record is not None
+    assert record.status is Status.PAUSED
     done = agent.invoke(Command(resume="yes"), config(thread_id))
     assert effects == ["refund_order A1"]
     assert tool_results(done["messages"]) == {"call_1": "refunded A1"}
     record = ledger.get(key)
     assert record is not None
-    assert (record.status, record.attempt) == (Status.COMPLETED, 1)
+    assert (record.status, record.attempt) == (Status.COMPLETED, 2)  # the resume is the call's second execution
 
 
 @pytest.mark.parametrize("graph", GRAPHS)
-async def test_interrupt_inside_a_tool_releases_the_claim_async(
+async def test_interrupt_inside_a_tool_keeps_the_call_paused_async(
     graph: str, ledger: SqliteLedger, thread_id: str
 ) -> None:
-    """Under ainvoke, interrupt() leaves no claim; resuming after approval runs the tool once."""
+    """Under ainvoke, interrupt() keeps the call paused; resuming after approval runs the tool once."""
     effects: list[str] = []
     model = scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}), final_answer(1))
     agent = build(graph, model, approval_tools(effects), ledger, wait_timeout=0)
     await agent.ainvoke(ask(1), config(thread_id))
-    assert ledger.get(CallKey(thread_id, "msg-turn1-tools", "call_1")) is None
+    record = ledger.get(CallKey(thread_id, "msg-turn1-tools", "call_1"))
+    assert record is not None
+    assert record.status is Status.PAUSED
     await agent.ainvoke(Command(resume="yes"), config(thread_id))
     assert effects == ["refund_order A1"]
 

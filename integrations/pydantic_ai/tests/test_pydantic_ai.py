@@ -118,16 +118,17 @@ async def test_without_a_provider_response_id_the_key_falls_back_to_run_id_and_t
     assert {record.key.message_id for record in ledger.records()} == {expected}
 
 
-async def test_an_approval_pause_releases_the_claim_and_the_approved_call_runs_once(
+async def test_an_approval_pause_keeps_the_call_paused_and_the_approved_call_runs_once(
     ledger: SqliteLedger, effects_path: Path
 ) -> None:
-    """ApprovalRequired raised inside a tool leaves no record; once approved, the call runs and is recorded."""
+    """ApprovalRequired raised inside a tool keeps the call paused; once approved, it runs and is recorded."""
     agent = build_agent(ledger, effects_path, email_needs_approval=True)
     paused = await agent.run("Refund order A1 and tell bob")
     assert isinstance(paused.output, DeferredToolRequests)
     assert [call.tool_call_id for call in paused.output.approvals] == ["call_2"]
     assert effects(effects_path) == [REFUND]
-    assert [record.key.tool_call_id for record in ledger.records()] == ["call_1"]
+    paused_statuses = {record.key.tool_call_id: record.status for record in ledger.records()}
+    assert paused_statuses == {"call_1": Status.COMPLETED, "call_2": Status.PAUSED}
 
     approved = DeferredToolResults(approvals={"call_2": True})
     done = await agent.run(message_history=paused.all_messages(), deferred_tool_results=approved)
@@ -138,14 +139,14 @@ async def test_an_approval_pause_releases_the_claim_and_the_approved_call_runs_o
 
 
 @pytest.mark.parametrize("variant", ["capability", "decorated"])
-async def test_under_record_errors_an_approval_pause_is_released_not_recorded_as_a_failure(
+async def test_under_record_errors_an_approval_pause_is_kept_paused_not_recorded_as_a_failure(
     ledger: SqliteLedger, effects_path: Path, variant: Variant
 ) -> None:
     """A pause is not an outcome, even when errors are recorded: the approved call then runs once."""
     agent = build_agent(ledger, effects_path, variant, email_needs_approval=True, record_errors=True)
     paused = await agent.run("Refund order A1 and tell bob")
     assert isinstance(paused.output, DeferredToolRequests)
-    assert {record.status for record in ledger.records()} == {Status.COMPLETED}  # the refund only
+    assert {record.status for record in ledger.records()} == {Status.COMPLETED, Status.PAUSED}  # no failure
     approved = DeferredToolResults(approvals={"call_2": True})
     done = await agent.run(message_history=paused.all_messages(), deferred_tool_results=approved)
     assert done.output == "done"
@@ -154,11 +155,12 @@ async def test_under_record_errors_an_approval_pause_is_released_not_recorded_as
 
 
 @pytest.mark.parametrize("variant", ["capability", "decorated"])
-async def test_under_record_errors_a_deferred_call_is_released_not_recorded_as_a_failure(
+async def test_under_record_errors_a_deferred_call_is_kept_paused_not_recorded_as_a_failure(
     ledger: SqliteLedger, effects_path: Path, variant: Variant
 ) -> None:
     agent = build_agent(ledger, effects_path, variant, email_deferred=True, record_errors=True)
     paused = await agent.run("Refund order A1 and tell bob")
     assert isinstance(paused.output, DeferredToolRequests)
     assert [call.tool_call_id for call in paused.output.calls] == ["call_2"]
-    assert [record.status for record in ledger.records()] == [Status.COMPLETED]  # no FAILED email record
+    statuses = sorted(record.status for record in ledger.records())
+    assert statuses == [Status.COMPLETED, Status.PAUSED]  # no FAILED email record
