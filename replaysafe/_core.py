@@ -207,7 +207,9 @@ class Sleep(NamedTuple):
 
 @dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build
 class Run:
-    """``begin``'s decision to run the tool. ``owner`` is ``None`` for an unprotected run."""
+    """``begin``'s decision to run the tool, and the effect that runs it: the tool body runs
+    with ``call`` as ``current_call()``; its exception is thrown back in. ``owner`` is
+    ``None`` for an unprotected run."""
 
     call: CallInfo
     owner: str | None
@@ -216,14 +218,10 @@ class Run:
     host: Host
     #: When the run started, on ``host.monotonic``.
     started: float
+    #: How long the claim is held: renewed by this much while the tool runs.
+    lease: timedelta
     args_digest: str = ""
     sealer: Sealer | None = None
-
-
-class RunTool(NamedTuple):
-    """Run the tool body (with ``run.call`` as ``current_call()``); its exception is thrown back in."""
-
-    run: Run
 
 
 class Reconcile(NamedTuple):
@@ -248,7 +246,7 @@ class Replay(NamedTuple):
     value: Any
 
 
-Effect = LedgerOp | Sleep | RunTool | Reconcile
+Effect = LedgerOp | Sleep | Run | Reconcile
 Protocol = Generator[Effect, Any, Any]
 
 
@@ -426,12 +424,12 @@ def begin(
 ) -> Generator[Effect, Any, Replay | Run]:
     """Claim the call as ``owner``, then decide: replay a recorded result, or run the tool."""
     key = scope.key
+    lease = spec.lease_for(timeout)
 
     def run(attempt: int) -> Run:
         call = _call_info(spec, scope, attempt, args, kwargs)
-        return Run(call, owner, timeout, host, host.monotonic(), args_digest, sealer)
+        return Run(call, owner, timeout, host, host.monotonic(), lease, args_digest, sealer)
 
-    lease = spec.lease_for(timeout)
     deadline: float | None = None
     backoff = _constants.WAIT_BACKOFF_FIRST
     while True:
@@ -637,7 +635,7 @@ def _unprotected(
         key=key,
         level=30,  # WARNING: the call goes on
     )
-    return Run(_call_info(spec, scope, 1, args, kwargs), None, timeout, host, host.monotonic())
+    return Run(_call_info(spec, scope, 1, args, kwargs), None, timeout, host, host.monotonic(), spec.lease_for(timeout))
 
 
 # --- phase 2: record ------------------------------------------------------------------
@@ -810,7 +808,7 @@ def replay(
     if isinstance(decision, Replay):
         return decision.value
     try:
-        result = yield RunTool(decision)
+        result = yield decision
     except GeneratorExit:
         raise
     except BaseException as exc:

@@ -31,7 +31,6 @@ from ._core import (
     Release,
     Renew,
     Run,
-    RunTool,
     Sleep,
     Takeover,
     ToolExit,
@@ -88,7 +87,10 @@ class _Finished(NamedTuple):
 
 
 def _advance(protocol: Generator[Effect, Any, Any], send: Any, error: BaseException | None) -> Any:
-    """The protocol's next effect, given the last one's outcome; ``_Finished`` once it returned."""
+    """The protocol's next effect, given the last one's outcome; ``_Finished`` once it returned.
+
+    (Not the ``StopIteration`` itself: its traceback would hold this frame in a cycle
+    left to the garbage collector, which costs more than this tuple.)"""
     try:
         return protocol.send(send) if error is None else protocol.throw(error)
     except StopIteration as stop:
@@ -140,17 +142,17 @@ def _reconcile(effect: Reconcile, driving: Driving) -> Any:
     return answer
 
 
-def _lease(spec: ToolSpec, run: Run, ledger: Ledger) -> Lease | None:
+def _lease(run: Run, driving: Driving) -> Lease | None:
     """The lease to keep alive while the tool runs (none for an unprotected run)."""
-    return new_lease(ledger, spec.name, run.call.key, run.owner, spec.lease_for(run.timeout))
+    return new_lease(driving.ledger, driving.tool_name, run.call.key, run.owner, run.lease)
 
 
-def _invoke(effect: RunTool, driving: Driving) -> Any:
-    run, ledger, spec, wrapped = effect.run, driving.ledger, driving.spec, driving.wrapped
+def _invoke(run: Run, driving: Driving) -> Any:
+    spec, wrapped = driving.spec, driving.wrapped
     assert spec is not None
     assert wrapped is not None
     token = _current.set(run.call)
-    lease = _lease(spec, run, ledger)
+    lease = _lease(run, driving)
     renewer.add(lease)  # renewed by the renewer thread, never by this one
     try:
         if run.timeout is not None and not alarm_is_ours_to_use():
@@ -194,7 +196,7 @@ _SYNC: dict[type, Callable[[Any, Driving], Any]] = {
     Get: _ledger_op,
     Sleep: _sleep,
     Reconcile: _reconcile,
-    RunTool: _invoke,
+    Run: _invoke,
 }
 
 
@@ -210,10 +212,9 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     a cancelled caller leaves at once, and the operation's outcome is undone or
     written later (``_after_interrupted``) once it is known.
     """
-    ledger = driving.ledger
-    if not getattr(ledger, "blocking_io", True):
-        return await aperform(op, ledger, driving.tool_name)  # never suspends: nothing to shield
-    task = asyncio.ensure_future(aperform(op, ledger, driving.tool_name))
+    if not getattr(driving.ledger, "blocking_io", True):
+        return await aperform(op, driving.ledger, driving.tool_name)  # never suspends: nothing to shield
+    task = asyncio.ensure_future(aperform(op, driving.ledger, driving.tool_name))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -242,12 +243,12 @@ async def _areconcile(effect: Reconcile, driving: Driving) -> Any:
     return (await answer) if inspect.isawaitable(answer) else answer
 
 
-async def _ainvoke(effect: RunTool, driving: Driving) -> Any:
-    run, spec, wrapped = effect.run, driving.spec, driving.wrapped
+async def _ainvoke(run: Run, driving: Driving) -> Any:
+    spec, wrapped = driving.spec, driving.wrapped
     assert spec is not None
     assert wrapped is not None
     token = _current.set(run.call)
-    renewing = start_renewing(_lease(spec, run, driving.ledger))  # a task in this loop, while the tool runs
+    renewing = start_renewing(_lease(run, driving))  # a task in this loop, while the tool runs
     try:
         if run.timeout is None:
             return await wrapped(*run.call.args, **run.call.kwargs)
@@ -267,7 +268,7 @@ _ASYNC: dict[type, Callable[[Any, Driving], Awaitable[Any]]] = {
     Get: _aledger_op,
     Sleep: _asleep,
     Reconcile: _areconcile,
-    RunTool: _ainvoke,
+    Run: _ainvoke,
 }
 
 

@@ -53,7 +53,7 @@ def stream(
         yield from decision.value
         return
     run = decision
-    source = _leased(wrapped(*args, **kwargs), _lease(spec, run, plan.ledger))
+    source = _leased(wrapped(*args, **kwargs), _lease(run, driving))
     chunks: list[Any] = []
     try:
         while True:
@@ -87,7 +87,7 @@ async def astream(
             yield chunk
         return
     run = decision
-    source = _aleased(wrapped(*args, **kwargs), _lease(spec, run, plan.ledger))
+    source = _aleased(wrapped(*args, **kwargs), _lease(run, driving))
     chunks: list[Any] = []
     try:
         while True:

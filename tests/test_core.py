@@ -18,7 +18,7 @@ from replaysafe._core import (
     Complete,
     Host,
     Release,
-    RunTool,
+    Run,
     Sleep,
     Takeover,
     ToolSpec,
@@ -73,9 +73,9 @@ def test_a_miss_claims_runs_then_records() -> None:
     assert isinstance(effect, Claim)
     mine = record(Status.RUNNING)
     run = protocol.send(ClaimResult(mine, True))
-    assert isinstance(run, RunTool)
-    assert run.run.call.attempt == 1
-    assert run.run.call.args == ("1042",)
+    assert isinstance(run, Run)
+    assert run.call.attempt == 1
+    assert run.call.args == ("1042",)
     complete = protocol.send("refunded")
     assert isinstance(complete, Complete)
     assert (complete.status, complete.result) == (Status.COMPLETED, '"refunded"')
@@ -83,7 +83,7 @@ def test_a_miss_claims_runs_then_records() -> None:
 
 
 def test_a_hit_replays_without_running() -> None:
-    """A completed record ends the protocol with its decoded result: no RunTool effect."""
+    """A completed record ends the protocol with its decoded result: no Run effect."""
     protocol, _ = start()
     assert finish(protocol, ClaimResult(record(Status.COMPLETED, result="0"), False)) == 0
 
@@ -104,8 +104,8 @@ def test_an_expired_lease_is_taken_over() -> None:
     assert isinstance(takeover, Takeover)
     assert takeover.record == stale
     run = protocol.send(Record(KEY, "refund_order", "d", Status.RUNNING, None, takeover.owner, 2, NOW, NOW, NOW))
-    assert isinstance(run, RunTool)
-    assert run.run.call.attempt == 2
+    assert isinstance(run, Run)
+    assert run.call.attempt == 2
 
 
 def test_a_lost_takeover_looks_again() -> None:
@@ -119,7 +119,7 @@ def test_a_failed_claim_runs_unprotected_by_default() -> None:
     """A LedgerError on the claim leads straight to running, with no record written."""
     protocol, _ = start()
     run = protocol.throw(LedgerError("down"))
-    assert isinstance(run, RunTool)
+    assert isinstance(run, Run)
     assert finish(protocol, "ran") == "ran"
 
 
