@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 
@@ -81,3 +81,13 @@ class ClaimResult(NamedTuple):
 
     record: Record
     claimed: bool
+
+
+def expires_at(status: Status, now: datetime, ttl: timedelta | None) -> datetime | None:
+    """When a record written with ``status`` at ``now`` stops counting, under a ledger's ``ttl``.
+
+    The one statement of the rule every ledger stores: a finished (or paused) call expires
+    after ``ttl``; a call in doubt never does, so it waits for an operator or a reconciler
+    instead of silently becoming runnable again.
+    """
+    return now + ttl if ttl is not None and status is not Status.IN_DOUBT else None

@@ -35,7 +35,7 @@ from sqlalchemy.schema import CreateIndex, CreateSchema, CreateTable
 from .._clock import utcnow
 from .._constants import TABLE_NAME
 from .._identity import key_digest
-from .._records import CallKey, ClaimResult, Record, Status
+from .._records import CallKey, ClaimResult, Record, Status, expires_at
 from ._options import io_timeouts, split_url_options
 from ._protocol import TRANSIENT_FIX, AsyncLedger, LedgerFault, RetryPolicy, SigningKey
 from ._sql import SqlLedger
@@ -594,8 +594,8 @@ class PostgresLedger(SqlLedger):
     def _complete_params(
         self, key: CallKey, owner: str, status: Status, result: str | None, now: dt.datetime
     ) -> dict[str, Any]:
-        expires_at = now + self.ttl if self.ttl is not None and status is not Status.IN_DOUBT else None
-        return _params(key, owner=owner, status=status.value, result=result, now=now, expires_at=expires_at)
+        expiry = expires_at(status, now, self.ttl)
+        return _params(key, owner=owner, status=status.value, result=result, now=now, expires_at=expiry)
 
     def release(self, key: CallKey, *, owner: str) -> bool:
         with self._cursor() as cursor:

@@ -41,7 +41,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .._errors import ReplaySafeWarning
-from .._records import CallKey, ClaimResult, Record, Status
+from .._records import CallKey, ClaimResult, Record, Status, expires_at
 from ._options import io_timeouts, split_url_options
 from ._protocol import TRANSIENT_FIX, AsyncLedger, LedgerBase, LedgerFault, RetryPolicy, SigningKey
 
@@ -395,11 +395,11 @@ class _Operations:
 
     def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> _Op[bool]:
         """Finish the call ``owner`` claimed (fenced); with a ttl, a finished record expires unless in doubt."""
-        expiring = self.ttl is not None and status is not Status.IN_DOUBT
-        expires_at = _micros(now + self.ttl) if expiring and self.ttl is not None else ""
+        expiry = expires_at(status, now, self.ttl)
+        ttl_ms, expiry_text = (0, "") if expiry is None else (self.ttl_ms, _micros(expiry))
         encoded = b"" if result is None else _utf8(result)
         size = "" if result is None else len(encoded)
-        args = (owner, _WORDS[status], _micros(now), size, encoded, self.ttl_ms if expiring else 0, expires_at)
+        args = (owner, _WORDS[status], _micros(now), size, encoded, ttl_ms, expiry_text)
         return _Op(_is_one, _evalsha(_COMPLETE, self.keys(key), *args))
 
     def release(self, key: CallKey, *, owner: str) -> _Op[bool]:

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from .._clock import utcnow
 from .._constants import TABLE_NAME
 from .._identity import key_digest
-from .._records import CallKey, ClaimResult, Record, Status
+from .._records import CallKey, ClaimResult, Record, Status, expires_at
 from ._options import split_url_options
 from ._protocol import TRANSIENT_FIX, LedgerFault, RetryPolicy, SigningKey
 from ._sql import _COLUMNS, SqlLedger
@@ -213,8 +213,8 @@ class SqliteLedger(SqlLedger):
         return record.taken_over_by(owner, now, lease_expires_at)
 
     def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
-        expires_at = now + self.ttl if self.ttl is not None and status is not Status.IN_DOUBT else None
-        params = (status.value, result, _stamp(now), _stamp(expires_at), key_digest(*key), owner, status.value)
+        expiry = expires_at(status, now, self.ttl)
+        params = (status.value, result, _stamp(now), _stamp(expiry), key_digest(*key), owner, status.value)
         with self._cursor() as cursor:
             return bool(cursor.execute(self._sql["complete"], params).rowcount == 1)
 
