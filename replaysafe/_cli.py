@@ -44,11 +44,11 @@ def version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo" and args.in_doubt:
-        from ._demo_in_doubt import main as demo_in_doubt
+        from ._demo.in_doubt import main as demo_in_doubt
 
         return demo_in_doubt()
     if args.command == "demo":
-        from ._demo import main as demo
+        from ._demo.double_refund import main as demo
 
         return demo()
     if args.command == "ledger":

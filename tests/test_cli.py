@@ -18,6 +18,9 @@ def test_demo_refunds_once_with_the_decorator_and_twice_without() -> None:
     assert "result: the customer was refunded once. Correct." in out
     assert "result: the customer was refunded 2 times" in out
     assert "refunds with replaysafe: 1, without: 2" in out
+    # The two lines of code that make the difference are shown; the unprotected story runs without them.
+    assert '@replay_safe(ledger=SqliteLedger("ledger.db"))' in out
+    assert 'with tool_call(thread_id, message["id"], call["id"]):' in out
 
 
 def test_help_lists_the_commands() -> None:

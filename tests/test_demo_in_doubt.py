@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from replaysafe._provider import FakePaymentProvider, create_refund, find_refund, list_refunds
+from replaysafe._demo.provider import FakePaymentProvider, create_refund, find_refund, list_refunds
 
 # --- the demo, in a subprocess ------------------------------------------------------
 
@@ -50,6 +50,16 @@ def test_demo_exits_zero_and_refunds_once_under_each_policy(
         assert ", 1 refund, $59.00 moved" in story, story
         assert "result: the customer was refunded once. Correct." in story, story
     assert "refunds with a stable key: rerun 1, raise 1, reconciler 1; with a new key per attempt: 2" in demo.stdout
+
+
+def test_the_output_names_processes_not_internal_owner_tokens(
+    demo: subprocess.CompletedProcess[str], stories: dict[str, str]
+) -> None:
+    """CallInDoubtError is shown with the dead owner's pid, not its ``host:pid:start#n`` token."""
+    assert not re.search(r"\S+:\d+:\d+#\d+", demo.stdout), demo.stdout
+    killed = re.search(r"process (\d+) is killed", stories["raise"])
+    assert killed, stories["raise"]
+    assert f"its owner process {killed[1]} died" in stories["raise"], stories["raise"]
 
 
 def test_rerun_sends_the_same_key_and_the_provider_dedupes(stories: dict[str, str]) -> None:

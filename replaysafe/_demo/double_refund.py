@@ -8,6 +8,7 @@ finish); a new process resumes the run and runs the node again from the top.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,11 +18,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._context import tool_call
-from ._decorator import replay_safe
-from .ledgers.sqlite import SqliteLedger
+from .._context import tool_call
+from .._decorator import replay_safe
+from ..ledgers.sqlite import SqliteLedger
 
 THREAD = "support-thread-42"
+#: The agent's code that makes the difference; the unprotected story runs the same loop without it.
+THE_TWO_LINES = (
+    '@replay_safe(ledger=SqliteLedger("ledger.db"))          # on each tool with a side effect',
+    'with tool_call(thread_id, message["id"], call["id"]):   # around each call (an adapter does this for you)',
+)
 # The assistant message the model produced, persisted with the run's state.
 MESSAGE: dict[str, Any] = {
     "id": "msg_7",
@@ -71,7 +77,7 @@ def agent_process(workdir: Path, protected: bool) -> None:
     _say(f"process {os.getpid()} runs node {state['node']!r} of thread {THREAD!r} (attempt {state['attempts']})")
     for call in MESSAGE["tool_calls"]:
         refunds_before = _count(payments)
-        with tool_call(THREAD, MESSAGE["id"], call["id"]):
+        with tool_call(THREAD, MESSAGE["id"], call["id"]) if protected else contextlib.nullcontext():
             result = tools[call["name"]](**call["args"])
         if call["name"] == "send_email":
             how = "email sent"
@@ -97,7 +103,7 @@ def _count(payments: Path) -> int:
 
 
 def _story(protected: bool) -> int:
-    title = "WITH @replay_safe (SQLite ledger)" if protected else "WITHOUT @replay_safe"
+    title = "WITH the two lines (SQLite ledger)" if protected else "WITHOUT them: the same tools and loop"
     _say(f"\n=== {title} ===")
     with tempfile.TemporaryDirectory(prefix="replaysafe-demo-") as tmp:
         workdir = Path(tmp)
@@ -106,7 +112,7 @@ def _story(protected: bool) -> int:
                 _say("the run resumes in a new process:")
             mode = "protected" if protected else "plain"
             child = subprocess.run(
-                [sys.executable, "-m", "replaysafe._demo", "agent", str(workdir), mode],
+                [sys.executable, "-m", "replaysafe._demo.double_refund", "agent", str(workdir), mode],
                 stdout=subprocess.PIPE,
                 text=True,
                 check=False,
@@ -125,6 +131,9 @@ def _story(protected: bool) -> int:
 def main() -> int:
     """Tell the story twice and return 0 when it came out as it should."""
     _say("replaysafe demo: an agent process is killed right after refund_order returns, then resumes.")
+    _say("The two lines of the agent's code that make the difference:")
+    for line in THE_TWO_LINES:
+        _say(f"    {line}")
     protected = _story(protected=True)
     plain = _story(protected=False)
     _say(

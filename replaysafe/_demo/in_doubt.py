@@ -1,6 +1,6 @@
 """``replaysafe demo --in-doubt``: a crash while the refund is in flight, under each in-doubt policy.
 
-``refund_order`` sends a refund to a payment provider (``_provider``: a local HTTP
+``refund_order`` sends a refund to a payment provider (``provider``: a local HTTP
 service that dedupes by ``Idempotency-Key``, served from a thread of this process)
 with ``current_call().idempotency_key``. The agent process is SIGKILLed right after
 the provider's answer arrives: the money moved, but the tool never returned, so
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,18 +23,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ._context import CallInfo, InDoubt, current_call, tool_call
-from ._core import RERUN
-from ._decorator import replay_safe
-from ._errors import CallInDoubtError
-from ._events import Event, EventKind, on_event
-from ._provider import FakePaymentProvider, Refund, create_refund, find_refund, list_refunds
-from ._records import CallKey
-from .ledgers.sqlite import SqliteLedger
+from .._context import CallInfo, InDoubt, current_call, tool_call
+from .._core import RERUN
+from .._decorator import replay_safe
+from .._errors import CallInDoubtError
+from .._events import Event, EventKind, on_event
+from .._records import CallKey
+from ..ledgers.sqlite import SqliteLedger
+from .provider import FakePaymentProvider, Refund, create_refund, find_refund, list_refunds
 
 KEY = CallKey("support-thread-42", "msg_7", "call_1")
 ORDER_ID = "1042"
 AMOUNT = 59.0
+#: An owner token (``host:pid:start#n``) in a message, its pid captured.
+_OWNER_TOKEN = re.compile(r"\S+:(\d+):\d+#\d+")
 #: The resumed agent's exit code when the call raised ``CallInDoubtError``.
 IN_DOUBT_EXIT = 3
 
@@ -113,7 +116,8 @@ def agent_process(workdir: Path, provider_url: str, policy: str, keys: str, cras
         with tool_call(*KEY):
             result = refund_order(ORDER_ID, AMOUNT)
     except CallInDoubtError as exc:
-        _say(textwrap.fill(f"CallInDoubtError: {exc}", width=110, initial_indent="  ", subsequent_indent="    "))
+        message = _OWNER_TOKEN.sub(r"process \1", str(exc))  # an internal token; the pid is what the story shows
+        _say(textwrap.fill(f"CallInDoubtError: {message}", width=110, initial_indent="  ", subsequent_indent="    "))
         return IN_DOUBT_EXIT
     finally:
         ledger.close()
@@ -153,7 +157,7 @@ def _agent(workdir: Path, provider: FakePaymentProvider, story: Story, *, crash:
         [
             sys.executable,
             "-m",
-            "replaysafe._demo_in_doubt",
+            "replaysafe._demo.in_doubt",
             "agent",
             str(workdir),
             provider.url,
