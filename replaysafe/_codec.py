@@ -411,7 +411,8 @@ def reviver_for(annotation: Any) -> Reviver | None:
     """A function that rebuilds ``annotation`` from decoded data, or ``None`` if nothing to do."""
     if annotation is Any or annotation in _PLAIN or isinstance(annotation, (str, typing.ForwardRef)):
         return None
-    if isinstance(annotation, type):
+    # Python 3.10 counts a parametrised generic (``tuple[int, ...]``) as a type: it is handled below.
+    if isinstance(annotation, type) and not isinstance(annotation, types.GenericAlias):
         if dataclasses.is_dataclass(annotation):
             return _dataclass_reviver(annotation)
         validate = getattr(annotation, "model_validate", None)
