@@ -14,9 +14,14 @@ import nox
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
-#: Test files that need more than the library and its test extra: every adapter installed
-#: (the docs' code, the packages built and installed) or the benchmark extra.
-NEEDS_WHOLE_ENVIRONMENT = ["tests/test_docs_code.py", "tests/test_packaging.py", "tests/test_benchmarks_smoke.py"]
+#: Test files that need more than the library and its test extra: every adapter installed (the docs' code,
+#: the packages built and installed), the docs tools (the site) or the benchmark extra.
+NEEDS_WHOLE_ENVIRONMENT = [
+    "tests/test_docs_code.py",
+    "tests/test_docs_site.py",
+    "tests/test_packaging.py",
+    "tests/test_benchmarks_smoke.py",
+]
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
