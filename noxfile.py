@@ -15,11 +15,12 @@ import nox
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
 #: Test files that need more than the library and its test extra: every adapter installed (the docs' code,
-#: the packages built and installed), the docs tools (the site) or the benchmark extra.
+#: the packages built and installed), the docs tools (the site), the type checkers or the benchmark extra.
 NEEDS_WHOLE_ENVIRONMENT = [
     "tests/test_docs_code.py",
     "tests/test_docs_site.py",
     "tests/test_packaging.py",
+    "tests/test_typing.py",
     "tests/test_benchmarks_smoke.py",
 ]
 

@@ -188,18 +188,15 @@ def test_python_block_runs(program: list[Block], tmp_path: Path, request: pytest
     assert_ran(result, program[0].where)
 
 
+def run_bash(code: str, cwd: Path, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Shell code as a docs block is run: ``bash -euo pipefail``, its output captured."""
+    command = ["bash", "-euo", "pipefail", "-c", code]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=[block.where for block in SHELL_BLOCKS])
 def test_shell_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", with_test_servers(block.code, request)],
-        cwd=tmp_path,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert_ran(result, block.where)
+    assert_ran(run_bash(with_test_servers(block.code, request), tmp_path, environment()), block.where)
 
 
 def test_every_block_runs_or_is_marked() -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from .test_docs_code import ROOT, SHELL, blocks_of
+from .test_docs_code import ROOT, SHELL, assert_ran, blocks_of, run_bash
 
 # Building seven projects and installing every adapter's framework takes minutes, more on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -101,7 +101,8 @@ def test_the_wheels_install_into_a_fresh_environment_and_import(dist: Path, tmp_
     for project in PROJECTS:
         meta = project_meta(project)
         extras = sorted(set(meta.get("optional-dependencies", {})) - TOOLING_EXTRAS)  # type: ignore[call-overload]
-        requirements.append(f"{meta['name']}[{','.join(extras)}]=={meta['version']}")
+        with_extras = f"{meta['name']}[{','.join(extras)}]" if extras else str(meta["name"])
+        requirements.append(f"{with_extras}=={meta['version']}")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--find-links", str(dist)]
     run(*pip, "--no-index", "--no-deps", *requirements)  # ours from the built files only, never an index
     run(*pip, *requirements, timeout=1800)  # then their dependencies, from the configured index
@@ -129,16 +130,6 @@ def test_the_readme_first_command_installs_and_runs_the_demo_from_a_fresh_copy(d
         sdist.extractall(tmp_path, filter="data")
     (checkout,) = tmp_path.iterdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REPLAYSAFE_", "VIRTUAL_ENV"))}
-    result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", first.code],
-        cwd=checkout,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    assert result.returncode == 0, (
-        f"{first.code}\n--- stdout\n{result.stdout[-6000:]}\n--- stderr\n{result.stderr[-6000:]}"
-    )
+    result = run_bash(first.code, checkout, env, timeout=1800)
+    assert_ran(result, "README.md's first command")
     assert "refund" in result.stdout.lower()
