@@ -490,6 +490,7 @@ def _record(ledger: Ledger, args: argparse.Namespace) -> Record:
     key = CallKey(args.thread_id, args.message_id, args.tool_call_id)
     record = ledger.get(key)
     if record is None:
+        _all_records(ledger)  # a ledger holding nothing at all is more likely the wrong one: say so
         raise CommandError(f"no record for {key}", EXIT_NOT_FOUND)
     return record
 
@@ -682,13 +683,13 @@ def _purge(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
         delete = lambda: purge_expired(batch_size=batch, dry_run=False)  # noqa: E731
     elif args.thread is not None:
         which, scope = "thread", f"record(s) of thread {args.thread!r}"  # repr escapes what a terminal runs
-        doomed = list(ledger.records(thread_id=args.thread))
+        doomed = _all_records(ledger, args.thread)
         count = lambda: len(doomed)  # noqa: E731
         delete = lambda: ledger.purge_thread(args.thread)  # noqa: E731
     else:
         cutoff = utcnow() - args.older_than
         which, scope = "older_than", f"finished record(s) not updated since {cutoff.isoformat()}"
-        keys = [r.key for r in ledger.records() if r.status in FINISHED and r.updated_at < cutoff]
+        keys = [r.key for r in _all_records(ledger) if r.status in FINISHED and r.updated_at < cutoff]
         count = lambda: len(keys)  # noqa: E731
         delete = lambda: _delete_in_batches(ledger, keys, batch, output)  # noqa: E731
     planned = count()

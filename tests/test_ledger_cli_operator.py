@@ -213,7 +213,8 @@ def test_a_mistyped_ledger_says_no_records_here(durable_ledger_url: str, inciden
     option = "prefix" if parts.scheme.startswith("redis") else "schema"
     query = urllib.parse.urlencode({**dict(urllib.parse.parse_qsl(parts.query)), option: typo})
     wrong = urllib.parse.urlunsplit(parts._replace(query=query))
-    for action in (["stats"], ["list"], ["list", "--json"]):
+    actions = (["stats"], ["list"], ["list", "--json"], ["show", "t", "m", "c"], ["purge", "--thread", "t", "--yes"])
+    for action in actions:
         done = cli("ledger", *action, "--ledger", wrong)
         assert "no replaysafe records here" in done.stderr, (action, done.stderr)
         assert typo in done.stderr
