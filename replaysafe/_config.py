@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._constants import DISABLED_ENV, LEDGER_URL_ENV, NODE_TIMEOUT, TOOL_TIMEOUT
+from ._constants import DISABLED_ENV, LEDGER_URL_ENV
 from ._context import UNSET, timeout_setting
 
 if TYPE_CHECKING:
@@ -17,9 +17,11 @@ _default: Ledger | None = None
 # The ledger opened from the environment variable, with the URL it came from.
 _from_env: tuple[str, Ledger] | None = None
 _lock = threading.Lock()
-#: The global timeouts (seconds, ``None`` for none); see ``set_default_timeouts``.
-default_tool_timeout: float | None = TOOL_TIMEOUT
-default_node_timeout: float | None = NODE_TIMEOUT
+#: The global timeouts (seconds, ``None`` for none) given to ``set_default_timeouts``;
+#: ``UNSET`` for the built-in ones (``_constants.TOOL_TIMEOUT`` and ``NODE_TIMEOUT``),
+#: which never move a tool to another thread (see ``_decorator``).
+default_tool_timeout: float | None = UNSET
+default_node_timeout: float | None = UNSET
 #: Exceptions that pause every protected call (``register_pause``).
 pauses: tuple[type[BaseException], ...] = ()
 
@@ -53,8 +55,7 @@ def _reset_settings() -> None:
     global _default, _from_env, default_tool_timeout, default_node_timeout, disabled
     opened, _from_env = _from_env, None
     _default = None
-    default_tool_timeout = TOOL_TIMEOUT
-    default_node_timeout = NODE_TIMEOUT
+    default_tool_timeout = default_node_timeout = UNSET
     disabled = _disabled_by_environment()
     if opened is not None:
         opened[1].close()  # the ledger REPLAYSAFE_LEDGER_URL opened: nobody else holds it
@@ -93,7 +94,9 @@ def set_default_timeouts(*, tool_timeout: float | None = UNSET, node_timeout: fl
     """Change the global timeouts (defaults: 300 s per tool, 900 s per ``node()``).
 
     ``None`` or ``0`` disables one. A decorator's ``timeout=``, a ``node(...)`` or a
-    ``tool_call(tool_timeout=...)`` overrides the global value for its calls.
+    ``tool_call(tool_timeout=...)`` overrides the global value for its calls. A timeout
+    given here is a hard deadline, like a decorator's ``timeout=``: a sync tool is
+    interrupted, or run in a worker thread, when it passes it.
     """
     global default_tool_timeout, default_node_timeout
     if tool_timeout is not UNSET:

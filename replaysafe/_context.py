@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from ._constants import NODE_TIMEOUT
 from ._records import CallKey
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class NodeScope(NamedTuple):
     #: ``time.monotonic()`` value at which the node's time runs out, or ``None``.
     deadline: float | None
     tool_timeout: float | None = UNSET
+    #: Whether the user gave the node's timeout (a hard deadline), not the built-in one.
+    deadline_given: bool = False
 
 
 class CallInfo(NamedTuple):
@@ -326,8 +329,11 @@ class node(_Scoped):  # noqa: N801 - used like a function: `with node(...):`
         from . import _config
 
         node_timeout = _config.default_node_timeout if self.node_timeout is UNSET else self.node_timeout
+        given = node_timeout is not UNSET
+        if not given:
+            node_timeout = NODE_TIMEOUT
         deadline = None if node_timeout is None else time.monotonic() + node_timeout
-        return NodeScope(deadline=deadline, tool_timeout=self.tool_timeout)
+        return NodeScope(deadline=deadline, tool_timeout=self.tool_timeout, deadline_given=given)
 
 
 def current_scope() -> CallScope | None:

@@ -176,11 +176,12 @@ class _Tool:
             scope = CallScope(key, ledger, scope.pauses + pauses, scope.tool_timeout, scope.in_doubt, parent)
         # A call inside another runs under its parent's deadline: a timer of its own would
         # replace the parent's (one SIGALRM per process) or move it to another thread.
-        timeout = None if parent is not None else self._timeout(scope)
-        return Plan(ledger, scope, digest, timeout, getattr(ledger, "sealer", None))
+        timeout, hard = (None, False) if parent is not None else self._timeout(scope)
+        return Plan(ledger, scope, digest, timeout, getattr(ledger, "sealer", None), hard)
 
-    def _timeout(self, scope: CallScope) -> float | None:
-        """min(tool_timeout, time left in the node); the most specific setting wins."""
+    def _timeout(self, scope: CallScope) -> tuple[float | None, bool]:
+        """min(tool_timeout, time left in the node), the most specific setting winning; and
+        whether it is a hard deadline: one the user gave, not the built-in default."""
         node = _node.get()
         tool_timeout = scope.tool_timeout
         if tool_timeout is UNSET and node is not None:
@@ -189,7 +190,12 @@ class _Tool:
             tool_timeout = self.timeout
         if tool_timeout is UNSET:
             tool_timeout = _config.default_tool_timeout
-        timeout = effective_timeout(tool_timeout, node.deadline if node else None, time.monotonic())
+        hard = tool_timeout is not None and tool_timeout is not UNSET
+        if tool_timeout is UNSET:
+            tool_timeout = _constants.TOOL_TIMEOUT
+        deadline = node.deadline if node else None
+        hard = hard or (deadline is not None and node is not None and node.deadline_given)
+        timeout = effective_timeout(tool_timeout, deadline, time.monotonic())
         if timeout is not None and timeout <= 0:
             message = (
                 f"{describe(self.spec.name, scope.key)} did not run: its node's time ran out before the call "
@@ -197,7 +203,7 @@ class _Tool:
             )
             emit(EventKind.TIMEOUT, message, tool_name=self.spec.name, key=scope.key)
             raise ToolTimeoutError(message, timeout=0.0, tool_name=self.spec.name, key=scope.key)
-        return timeout
+        return timeout, hard
 
     def _missing_ids(self, key: CallKey | None, needed: str = "") -> None:
         missing = needed + ("no tool_call(...) is set" if key is None else f"empty ids in ({key})")

@@ -15,10 +15,12 @@ import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Generator
+from datetime import timedelta
 from typing import Any, NamedTuple
 
 from ._clock import utcnow
 from ._codec import JsonSerializer, Serializer
+from ._constants import LEASE_MARGIN
 from ._context import CallScope, _current
 from ._core import (
     Claim,
@@ -43,7 +45,7 @@ from ._core import (
 )
 from ._deadlines import alarm_is_ours_to_use, await_with_timeout, run_in_worker, run_with_alarm
 from ._errors import ReplaySafeError, describe
-from ._events import emit, logger, wanted
+from ._events import EventKind, emit, logger, wanted
 from ._leases import Lease
 from ._metrics import ledger_kind
 from ._operations import aperform, perform
@@ -67,6 +69,9 @@ class Plan(NamedTuple):
     digest: str
     timeout: float | None
     sealer: Sealer | None = None
+    #: Whether the user gave the timeout: only then may a sync tool leave the caller's thread
+    #: (or be interrupted by SIGALRM) at its deadline; the built-in one is reported late.
+    hard_deadline: bool = True
 
 
 class Driving(NamedTuple):
@@ -77,6 +82,7 @@ class Driving(NamedTuple):
     spec: ToolSpec | None = None
     scope: CallScope | None = None
     wrapped: Callable[..., Any] | None = None
+    hard_deadline: bool = True
 
 
 # --- the loops ------------------------------------------------------------------------
@@ -142,9 +148,16 @@ def _reconcile(effect: Reconcile, driving: Driving) -> Any:
     return answer
 
 
-def _lease(run: Run, driving: Driving) -> Lease | None:
-    """The lease to keep alive while the tool runs (none for an unprotected run)."""
-    return new_lease(driving.ledger, driving.tool_name, run.call.key, run.owner, run.lease)
+def _lease(run: Run, driving: Driving, *, past_deadline: bool = True) -> Lease | None:
+    """The lease to keep alive while the tool runs (none for an unprotected run, nor when
+    it is not to be renewed past the deadline and the claim's own lease already reaches it)."""
+    ledger, name, key = driving.ledger, driving.tool_name, run.call.key
+    if past_deadline or run.timeout is None:
+        return new_lease(ledger, name, key, run.owner, run.lease)
+    reach = timedelta(seconds=run.timeout + LEASE_MARGIN)
+    if run.lease >= reach:
+        return None
+    return new_lease(ledger, name, key, run.owner, run.lease, until=utcnow() + reach)
 
 
 def _invoke(run: Run, driving: Driving) -> Any:
@@ -152,6 +165,11 @@ def _invoke(run: Run, driving: Driving) -> Any:
     assert spec is not None
     assert wrapped is not None
     token = _current.set(run.call)
+    if not driving.hard_deadline:
+        try:
+            return _run_in_this_thread(run, wrapped, driving)
+        finally:
+            _current.reset(token)
     lease = _lease(run, driving)
     renewer.add(lease)  # renewed by the renewer thread, never by this one
     try:
@@ -172,6 +190,42 @@ def _invoke(run: Run, driving: Driving) -> Any:
             renewer.remove(lease)
     finally:
         _current.reset(token)
+
+
+def _run_in_this_thread(run: Run, wrapped: Callable[..., Any], driving: Driving) -> Any:
+    """A sync tool under the built-in timeout: in the caller's thread, never interrupted.
+
+    The timeout is kept by the lease instead: it is renewed up to the deadline plus the
+    lease margin and no further, so past that another host may take the call over as in
+    doubt. A tool that ends past its deadline is reported then, and its outcome recorded.
+    """
+    lease = _lease(run, driving, past_deadline=False)
+    renewer.add(lease)
+    started = time.monotonic()
+    try:
+        return wrapped(*run.call.args, **run.call.kwargs)
+    finally:
+        renewer.remove(lease)
+        ran = time.monotonic() - started
+        if run.timeout is not None and ran > run.timeout:
+            _report_late(run, ran, driving)
+
+
+def _report_late(run: Run, ran: float, driving: Driving) -> None:
+    assert run.timeout is not None
+    emit(
+        EventKind.TIMEOUT,
+        f"{describe(driving.tool_name, run.call.key)} ran {ran:.1f}s, past its default {run.timeout:g}s timeout "
+        f"(attempt {run.call.attempt}). It ran in the caller's thread, which the default timeout never "
+        "interrupts; its lease was not kept past the deadline, so another host may have taken the call over "
+        "as in doubt (a duplicate_detected event follows if so). Its outcome is recorded now. Give the tool "
+        "timeout= for a hard deadline, or timeout=None for none.",
+        tool_name=driving.tool_name,
+        key=run.call.key,
+        attempt=run.call.attempt,
+        duration=ran,
+        ledger=ledger_kind(driving.ledger),
+    )
 
 
 def _record_late(run: Run, done: concurrent.futures.Future[Any], driving: Driving) -> None:
@@ -286,7 +340,7 @@ def start(
     """The protocol of one protected call (``replay``, or ``begin`` for a stream), ready to drive."""
     host = _hosts.get(type(plan.ledger)) or _host_for(plan.ledger)
     protocol = phase(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer, owner_token(), host)
-    return protocol, Driving(plan.ledger, spec.name, spec, plan.scope, wrapped)
+    return protocol, Driving(plan.ledger, spec.name, spec, plan.scope, wrapped, plan.hard_deadline)
 
 
 #: A host per ledger class: its events name the ledger's kind (for metrics and logs).

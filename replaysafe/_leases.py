@@ -38,14 +38,21 @@ class Lease:
     ledger: Any
     due: float
     active: bool = True
+    #: The latest the lease is renewed to (wall clock), ``None`` for as long as the tool runs.
+    until: datetime | None = None
 
     def end(self) -> None:
         """The tool ended: renew no more (a renewal in flight is fenced by the record's status)."""
         self.active = False
 
     def renewal(self, now: datetime) -> Renew:
-        """The renewal to write now (wall clock: other hosts compare it with theirs)."""
-        return Renew(self.key, self.owner, now + self.length)
+        """The renewal to write now (wall clock: other hosts compare it with theirs); the
+        last one when it reaches ``until``."""
+        expires = now + self.length
+        if self.until is not None and expires >= self.until:
+            expires = self.until
+            self.active = False
+        return Renew(self.key, self.owner, expires)
 
     def after_renewal(self, renewed: bool | None, monotonic_now: float) -> None:
         """What a renewal's outcome means: ``False`` (the claim is gone) ends the lease;

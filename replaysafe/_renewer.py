@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from ._clock import utcnow
@@ -64,11 +64,14 @@ async def arenew_now(lease: Lease) -> bool | None:
         return _reported(lease, None, exc)
 
 
-def new_lease(ledger: Any, tool_name: str, key: CallKey, owner: str | None, length: timedelta) -> Lease | None:
-    """The lease of a call about to run; ``None`` when there is none to keep (an unprotected run)."""
+def new_lease(
+    ledger: Any, tool_name: str, key: CallKey, owner: str | None, length: timedelta, until: datetime | None = None
+) -> Lease | None:
+    """The lease of a call about to run, renewed to ``until`` at most; ``None`` when there is
+    none to keep (an unprotected run)."""
     if owner is None or not hasattr(ledger, "renew"):
         return None
-    return Lease(key, owner, tool_name, length, ledger, first_due(length, time.monotonic()))
+    return Lease(key, owner, tool_name, length, ledger, first_due(length, time.monotonic()), until=until)
 
 
 class Renewer:

@@ -15,16 +15,22 @@ import pytest
 
 from replaysafe import (
     CallKey,
+    Event,
+    EventKind,
     Ledger,
     MemoryLedger,
     Status,
     ToolTimeoutError,
     _config,
+    _constants,
+    _drivers,
     node,
+    on_event,
     replay_safe,
     set_default_timeouts,
     tool_call,
 )
+from replaysafe._context import UNSET
 
 from .waiting import SeesWaiting
 
@@ -355,3 +361,158 @@ def test_sigalrm_keeps_its_default_outside_protected_calls(tmp_path: Any) -> Non
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout == "called\n"
     assert done.returncode == -signal.SIGALRM
+
+
+# --- the built-in timeout: the caller's thread, the lease, a late report -----------------
+
+
+def test_default_timeout_runs_in_the_callers_thread(memory_ledger: MemoryLedger) -> None:
+    """With the built-in timeout a sync tool runs in the thread that called it, off the main
+    thread too: the caller's thread-locals are there, and no timer is armed on the main thread."""
+    local = threading.local()
+    seen: list[tuple[threading.Thread, str | None, tuple[float, float]]] = []
+
+    @replay_safe(ledger=memory_ledger)
+    def refund(order_id: str) -> str:
+        seen.append((threading.current_thread(), getattr(local, "tenant", None), signal.getitimer(signal.ITIMER_REAL)))
+        return order_id
+
+    def call(tenant: str) -> None:
+        local.tenant = tenant
+        with tool_call(*new_key()):
+            assert refund("1") == "1"
+
+    caller = threading.Thread(target=call, args=("acme",))
+    caller.start()
+    caller.join(30)
+    call("main")  # and from the main thread
+    assert seen == [(caller, "acme", (0.0, 0.0)), (threading.main_thread(), "main", (0.0, 0.0))]
+
+
+def test_a_given_timeout_is_a_hard_deadline(memory_ledger: MemoryLedger) -> None:
+    """A timeout the user gave (the decorator's, tool_call's, node's or set_default_timeouts') moves a
+    sync tool off a thread other than the main one, and interrupts the caller's wait at the deadline."""
+    threads: list[threading.Thread] = []
+
+    @replay_safe(ledger=memory_ledger)
+    def slow(seconds: float) -> None:
+        threads.append(threading.current_thread())
+        time.sleep(seconds)
+
+    errors: list[BaseException] = []
+
+    def call(**options: Any) -> None:
+        with tool_call(*new_key(), **options):
+            try:
+                slow(0.5)
+            except ToolTimeoutError as exc:
+                errors.append(exc)
+
+    def in_a_thread(**options: Any) -> threading.Thread:
+        caller = threading.Thread(target=call, kwargs=options)
+        caller.start()
+        caller.join(30)
+        return caller
+
+    first = in_a_thread(tool_timeout=0.1)
+    set_default_timeouts(tool_timeout=0.1)
+    second = in_a_thread()
+    assert len(errors) == 2 and all(error.still_running for error in errors)
+    assert threads[0] is not first and threads[1] is not second
+
+
+def test_none_means_no_timeout_wherever_it_is_given(memory_ledger: MemoryLedger) -> None:
+    """None overrides a timeout given further out: the tool runs to its end in the caller's thread."""
+    events: list[Event] = []
+    unsubscribe = on_event(events.append)
+    threads: list[threading.Thread] = []
+
+    def body() -> str:
+        threads.append(threading.current_thread())
+        time.sleep(0.3)
+        return "done"
+
+    timed = replay_safe(ledger=memory_ledger, timeout=0.1, name="timed")(body)
+    untimed = replay_safe(ledger=memory_ledger, name="untimed")(body)
+
+    def call() -> None:
+        with tool_call(*new_key(), tool_timeout=None):
+            assert timed() == "done"
+        set_default_timeouts(tool_timeout=None)
+        with node(node_timeout=None), tool_call(*new_key()):
+            assert untimed() == "done"
+
+    caller = threading.Thread(target=call)
+    try:
+        caller.start()
+        caller.join(30)
+    finally:
+        unsubscribe()
+    assert threads == [caller, caller]
+    assert [event.kind for event in events if event.kind is EventKind.TIMEOUT] == []
+
+
+def test_passing_the_default_timeout_is_reported_late(
+    memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tool past the built-in timeout is not interrupted: it returns, its result is recorded and
+    replayed, and a TIMEOUT event says it ran late."""
+    monkeypatch.setattr(_constants, "TOOL_TIMEOUT", 0.2)
+    events: list[Event] = []
+    unsubscribe = on_event(events.append)
+    runs: list[int] = []
+
+    @replay_safe(ledger=memory_ledger)
+    def slow_refund(order_id: str) -> str:
+        runs.append(1)
+        time.sleep(0.4)
+        return f"refunded {order_id}"
+
+    key = new_key()
+    results: list[str] = []
+
+    def call() -> None:
+        for _ in range(2):  # the second is a replay
+            with tool_call(*key):
+                results.append(slow_refund("7"))
+
+    caller = threading.Thread(target=call)
+    try:
+        caller.start()
+        caller.join(30)
+    finally:
+        unsubscribe()
+    assert results == ["refunded 7", "refunded 7"] and runs == [1]
+    record = memory_ledger.get(key)
+    assert record is not None and record.status is Status.COMPLETED
+    (late,) = [event for event in events if event.kind is EventKind.TIMEOUT]
+    assert "past its default 0.2s timeout" in late.message and key.thread_id in late.message
+    assert late.duration is not None and late.duration >= 0.4
+
+
+def test_the_default_timeout_is_kept_by_the_lease(memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the built-in timeout a running call's lease is renewed up to the deadline plus the
+    margin, and no further: past it another host may take the call over. With no timeout it is
+    renewed for as long as the tool runs."""
+    monkeypatch.setattr(_constants, "TOOL_TIMEOUT", 0.2)
+    monkeypatch.setattr(_drivers, "LEASE_MARGIN", 0.3)
+    leases: dict[str, dt.datetime] = {}
+
+    def tool(label: str) -> None:
+        started = dt.datetime.now(dt.timezone.utc)
+        time.sleep(1.5)  # the lease (0.3 s) is renewed every 0.1 s while it may be
+        record = memory_ledger.get(current_key[0])
+        assert record is not None
+        leases[label] = record.lease_expires_at
+        leases[label + ".started"] = started
+
+    current_key: list[CallKey] = []
+    for label, timeout in (("default", UNSET), ("none", None)):
+        current_key[:] = [new_key()]
+        protected = replay_safe(ledger=memory_ledger, lease=0.3, timeout=timeout, name=label)(tool)
+        with tool_call(*current_key[0]):
+            protected(label)
+    # The default: renewed to start + 0.2 s + 0.3 s at most, long before the tool ended.
+    assert leases["default"] <= leases["default.started"] + dt.timedelta(seconds=0.6)
+    # None: still renewed near the tool's end.
+    assert leases["none"] >= leases["none.started"] + dt.timedelta(seconds=1.5)
