@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -28,7 +29,9 @@ from replaysafe import (
     UnprotectedCallWarning,
     current_call,
     replay_safe,
+    set_default_timeouts,
 )
+from replaysafe.testing import reset
 from replaysafe_langgraph import ReplaySafeMiddleware, ai_message_digest, replay_safe_tool_node
 
 from _langgraph_fakes import (
@@ -321,6 +324,36 @@ async def test_tool_timeout_from_the_run_config(ledger: SqliteLedger, thread_id:
     record = ledger.get(CallKey(thread_id, "msg-turn1-tools", "call_1"))
     assert record is not None
     assert record.status is Status.IN_DOUBT
+
+
+@pytest.mark.parametrize("where", ["adapter", "run config"])
+def test_none_means_no_timeout(ledger: SqliteLedger, thread_id: str, where: str) -> None:
+    """timeout=None on the adapter, or tool_timeout None in the run config, is no timeout: a global
+    timeout the tool would pass does not apply. Left out, replaysafe's own (here the global) applies."""
+    effects: list[str] = []
+
+    @tool
+    def refund_order(order_id: str) -> str:
+        """Refund an order (slowly)."""
+        time.sleep(0.3)
+        effects.append(f"refund_order {order_id}")
+        return f"refunded {order_id}"
+
+    set_default_timeouts(tool_timeout=0.1)
+    try:
+        options = {"timeout": None} if where == "adapter" else {}
+        run_config: Any = config(thread_id)
+        if where == "run config":
+            run_config["configurable"]["tool_timeout"] = None
+        model = scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}), final_answer(1))
+        build("toolnode", model, [refund_order], ledger, **options).invoke(ask(1), run_config)
+        assert effects == ["refund_order A1"]
+        # Left out: the global 0.1 s is a hard deadline for the same call in another thread.
+        model = scripted(tool_call_message(1, "refund_order", {"order_id": "A2"}), final_answer(1))
+        with pytest.raises(ToolTimeoutError, match="refund_order"):
+            build("toolnode", model, [refund_order], ledger).invoke(ask(1), config(f"{thread_id}-default"))
+    finally:
+        reset()
 
 
 # --- human in the loop ------------------------------------------------------------------

@@ -42,8 +42,15 @@ PAUSES: tuple[type[BaseException], ...] = (GraphBubbleUp,)
 # Every protected call pauses on interrupt(), in a ToolNode or not (a step called from any node): the call
 # is kept paused with its completed steps, and Command(resume=...) runs it again with those steps replaying.
 register_pause(GraphInterrupt)
-#: Per-run settings read from ``config["configurable"]``, as ``replaysafe.tool_call`` names them.
-RUN_SETTINGS = ("tool_timeout", "in_doubt")
+
+
+class _DefaultTimeout:
+    def __repr__(self) -> str:
+        return "DEFAULT_TIMEOUT"
+
+
+#: ``timeout=`` left out: replaysafe's own default applies (``None`` means no timeout at all).
+DEFAULT_TIMEOUT: Any = _DefaultTimeout()
 #: What ``ToolNode(handle_tool_errors=...)`` accepts.
 ToolErrors = bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
 
@@ -109,11 +116,12 @@ class ReplaySafeInterceptor:
 
     Install both methods: ``ToolNode(tools, wrap_tool_call=i.wrap, awrap_tool_call=i.awrap)``.
 
-    ``timeout`` (seconds; ``0`` disables) and ``in_doubt`` apply to every call, decorated
-    tools included; a run overrides them with ``config["configurable"]["tool_timeout"]`` /
-    ``["in_doubt"]``. For an undecorated tool, an ``in_doubt`` reconciler finds the model's
-    arguments in ``call.args[0]`` and returns the call's result (a string becomes its
-    ``ToolMessage``).
+    ``timeout`` (seconds; ``None`` or ``0`` disables; left out, replaysafe's default) and
+    ``in_doubt`` apply to every call, decorated tools included; a run overrides them with
+    ``config["configurable"]["tool_timeout"]`` (``None`` there disables too) / ``["in_doubt"]``.
+    A timeout given here is a hard deadline, as a decorator's ``timeout=`` is. For an
+    undecorated tool, an ``in_doubt`` reconciler finds the model's arguments in
+    ``call.args[0]`` and returns the call's result (a string becomes its ``ToolMessage``).
     """
 
     def __init__(
@@ -124,7 +132,7 @@ class ReplaySafeInterceptor:
         fallback_message_id: MessageIdFallback | None = None,
         on_missing_ids: Literal["warn", "raise"] = "warn",
         on_ledger_error: Literal["warn", "raise"] = "warn",
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
         in_doubt: InDoubt | None = None,
         lease: float | None = None,
         wait_timeout: float | None = None,
@@ -134,7 +142,8 @@ class ReplaySafeInterceptor:
         self.ledger = ledger
         self.messages_key = messages_key
         self.fallback_message_id = fallback_message_id
-        self._settings: dict[str, Any] = {"tool_timeout": timeout, "in_doubt": in_doubt}
+        self.timeout = timeout
+        self.in_doubt = in_doubt
         self._options: dict[str, Any] = {
             "on_missing_ids": on_missing_ids,
             "on_ledger_error": on_ledger_error,
@@ -155,8 +164,14 @@ class ReplaySafeInterceptor:
 
     def _scope(self, request: ToolCallRequest) -> tool_call:
         configurable = (getattr(request.runtime, "config", None) or {}).get("configurable") or {}
-        settings = {name: configurable.get(name, self._settings[name]) for name in RUN_SETTINGS}
-        given = {name: value for name, value in settings.items() if value is not None}
+        given: dict[str, Any] = {}
+        # A tool_timeout of None is a setting (no timeout), as everywhere in replaysafe.
+        timeout = configurable.get("tool_timeout", self.timeout)
+        if timeout is not DEFAULT_TIMEOUT:
+            given["tool_timeout"] = timeout
+        in_doubt = configurable.get("in_doubt", self.in_doubt)
+        if in_doubt is not None:
+            given["in_doubt"] = in_doubt
         return tool_call(*self.key(request), ledger=self.ledger, pauses=PAUSES, **given)
 
     def wrap(self, request: ToolCallRequest, execute: Execute) -> ToolResult:
