@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ._progress import progress
+
 #: Runs one block of calls for round ``r`` and returns the seconds the calls took
 #: (setup such as building the block's keys happens before its timer starts).
 Block = Callable[[int], float]
@@ -50,7 +52,7 @@ def paired_rounds(
     shuffler = random.Random(seed)
     names = list(blocks)
     per_call: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(-warmup, rounds):
+    for r in progress.rounds(range(-warmup, rounds), rounds + warmup):
         shuffler.shuffle(names)
         for name in names:
             elapsed = blocks[name](r + warmup)  # round numbers stay >= 0, so keys never repeat

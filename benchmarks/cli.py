@@ -14,6 +14,7 @@ from typing import Any
 
 from . import concurrency, overhead, parallel, report, scale
 from ._env import Scratch, cpus_kept_awake, load_average, machine_info
+from ._progress import progress
 from .settings import FULL, QUICK
 
 RESULTS = Path(__file__).parent / "results"
@@ -27,7 +28,13 @@ SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
 
 
 def _log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    clear = "\r\x1b[2K" if progress.tty else ""  # over a bar drawn in place
+    print(f"{clear}[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _step(message: str) -> None:
+    """What a section says it starts ("overhead: redis"): shown on the progress bar."""
+    progress.start_step(message.partition(": ")[2] or message)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -62,27 +69,30 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"postgres: {scratch.postgres_url or 'not answering'}; redis: {scratch.redis_url or 'not answering'}")
             results["meta"] = machine_info(scratch)
             results["meta"]["cpu_spinners"] = spinners
-            for name, run in SECTIONS.items():
-                if args.only and name not in args.only:
-                    continue
-                results.update(_section(name, run(settings, scratch, _log)))
+            warning = report.load_warning(results["meta"])
+            if warning:
+                _log(f"WARNING: {warning}")
+            chosen = [name for name in SECTIONS if not args.only or name in args.only]
+            for index, name in enumerate(chosen, 1):
+                progress.start_section(name, index, len(chosen))
+                results.update(_section(name, SECTIONS[name](settings, scratch, _step)))
     except KeyboardInterrupt:
         _log("interrupted: the run's schema, keys and files are removed; nothing written")
         return 130
     results["meta"]["settings"] = settings.as_dict()
     results["meta"]["load_average_at_end"] = load_average()
+    results["meta"]["load_warning"] = report.load_warning(results["meta"])
     results["meta"]["duration_s"] = round(time.perf_counter() - started, 1)
     results["targets"] = report.targets(results)
     paths = report.write(results, args.out, f"{stamp}{'-quick' if args.quick else ''}")
-    print(report.markdown(results))
-    for kind, path in paths.items():
-        _log(f"{kind}: {path}")
+    print(report.summary(results, paths))
     return 0
 
 
 def _rewrite(path: Path) -> int:
     """The markdown and chart of an earlier run, from its JSON (after a change to the report's layout)."""
     results = json.loads(path.read_text())
+    results["meta"].setdefault("load_warning", report.load_warning(results["meta"]))
     results["targets"] = report.targets(results)
     for kind, written in report.write(results, path.parent, path.stem).items():
         _log(f"{kind}: {written}")

@@ -70,6 +70,40 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def load_warning(meta: dict[str, Any]) -> str | None:
+    """Why the figures are unreliable, when the machine was busy: a 1-minute load average above
+    the core count at the start or the end of the run (other work then competed for the CPU)."""
+    cores = (meta.get("machine") or {}).get("cores") or 1
+    busy = [
+        f"{load[0]:g} at {when}"
+        for when, load in (("start", meta.get("load_average_at_start")), ("end", meta.get("load_average_at_end")))
+        if load and load[0] > cores
+    ]
+    if not busy:
+        return None
+    return (
+        f"the machine was busy (load average {' and '.join(busy)}, above its {cores} cores): other work "
+        "competed for the CPU, so these figures are unreliable. Run again on a quiet machine."
+    )
+
+
+def summary(results: dict[str, Any], paths: dict[str, Path]) -> str:
+    """The terminal's short form: each target met or missed, the load warning, where the full report is."""
+    rows = results["targets"]
+    counts = {verdict: sum(row["met"] is verdict for row in rows) for verdict in (True, False, None)}
+    lines = [f"targets: {counts[True]} met, {counts[False]} missed, {counts[None]} not measured"]
+    for row in rows:
+        mark = {True: "  met   ", False: "  MISSED", None: "  -     "}[row["met"]]
+        digits = 1 if row["unit"] == "us" else 2
+        measured = f"{_num(row['measured']['median'], digits)} {row['unit']}" if row["measured"] else "-"
+        lines.append(f"{mark} {row['target']}: {measured} (goal {row['goal']})")
+    warning = results["meta"].get("load_warning")
+    if warning:
+        lines.append(f"WARNING: {warning}")
+    lines += [f"{kind}: {path}" for kind, path in paths.items()]
+    return "\n".join(lines)
+
+
 # --- markdown ---------------------------------------------------------------------------
 
 
@@ -102,9 +136,11 @@ def _header(results: dict[str, Any]) -> list[str]:
         if spinners
         else "; idle vCPUs were left to sleep (round trips include wake-up latency)"
     )
+    warning = meta.get("load_warning")
     return [
         f"# replaysafe benchmark, {meta['date']}{' (--quick)' if meta['settings']['quick'] else ''}",
         "",
+        *([f"> **Warning**: {warning}", ""] if warning else []),
         f"{machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, {machine['platform']}; "
         f"{meta['python']}; {versions}. Took {meta['duration_s']:.0f} s. Measured {source}; {loads}.",
         "",

@@ -42,5 +42,38 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
         assert not skipped, f"{section}: {skipped} were skipped"
     assert {"memory", "redis"} <= set(results["alternative"]), "the Powertools comparison did not run"
     assert results["targets"] and all(row["met"] is not None for row in results["targets"])
-    assert "## Targets" in written[".md"].read_text()
+    markdown = written[".md"].read_text()
+    assert "## Targets" in markdown
     assert written[".png"].read_bytes().startswith(b"\x89PNG")
+    # The terminal gets a short summary: one line per target, and where the full report is.
+    met = sum(row["met"] is True for row in results["targets"])
+    missed = sum(row["met"] is False for row in results["targets"])
+    assert f"targets: {met} met, {missed} missed, 0 not measured" in done.stdout
+    assert len([line for line in done.stdout.splitlines() if line.startswith(("  met", "  MISSED"))]) == len(
+        results["targets"]
+    )
+    assert str(written[".md"]) in done.stdout and "## Targets" not in done.stdout
+    # A busy machine is said to be so, in the results and in both outputs; a quiet one is not.
+    meta = results["meta"]
+    busy = any(load and load[0] > meta["machine"]["cores"] for load in (meta["load_average_at_start"],
+               meta["load_average_at_end"]))  # fmt: skip
+    assert (meta["load_warning"] is not None) == busy
+    if busy:
+        assert meta["load_warning"] in markdown and f"WARNING: {meta['load_warning']}" in done.stdout
+    # The progress bar names the sections on stderr.
+    assert all(f"/4] {section}" in done.stderr for section in ("overhead", "concurrency", "parallel", "scale"))
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "warned"),
+    [([0.5, 1, 1], [1.9, 1, 1], False), ([2.5, 1, 1], [0.1, 1, 1], True), ([0.2, 0, 0], [7.0, 3, 1], True)],
+)
+def test_a_load_above_the_core_count_is_warned_of(start: list[float], end: list[float], warned: bool) -> None:
+    """The 1-minute load average above the cores, at the start or the end, makes the run's figures unreliable."""
+    from benchmarks import report
+
+    meta = {"machine": {"cores": 2}, "load_average_at_start": start, "load_average_at_end": end}
+    warning = report.load_warning(meta)
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert "unreliable" in warning and "2 cores" in warning
