@@ -212,8 +212,11 @@ def _postgres(settings: Settings, scratch: Scratch) -> list[Store]:
         table = f"scale_{size}"
         ledger = PostgresLedger(scratch.postgres_url, schema=scratch.schema, table=table)
         reader = scratch.postgres_connect()
-        select = sql.SQL("SELECT tool_name, args_digest, status, result, owner FROM {} WHERE call_key = %s").format(
-            sql.Identifier(scratch.schema, table)
+        # A plain string, rendered once: a sql.Composed would be rendered again on every execute.
+        select = (
+            sql.SQL("SELECT tool_name, args_digest, status, result, owner FROM {} WHERE call_key = %s")
+            .format(sql.Identifier(scratch.schema, table))
+            .as_string(reader)
         )
 
         def read(key: CallKey, reader: Any = reader, select: Any = select) -> Any:
