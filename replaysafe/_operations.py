@@ -73,7 +73,12 @@ async def _aperform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
     try:
         return await call(aio, op)
     except Exception as exc:
-        return await _retrying(op, ledger, tool_name, exc, asynchronous=True)(call, aio, op)
+        # A coroutine function, so that tenacity awaits each attempt (it tells by the callable).
+        return await _retrying(op, ledger, tool_name, exc, asynchronous=True)(_awaited, call, aio, op)
+
+
+async def _awaited(call: Any, aio: Any, op: LedgerOp) -> Any:
+    return await call(aio, op)
 
 
 def _retrying(op: LedgerOp, ledger: Any, tool_name: str, failure: Exception, *, asynchronous: bool) -> Any:
