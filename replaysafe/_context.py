@@ -56,6 +56,8 @@ class CallScope(NamedTuple):
     in_doubt: InDoubt | None = None
     #: The protected call this one is a step of, ``None`` for a call of its own.
     parent: CallInfo | None = None
+    #: What the missing-ids warning tells the user to do, when an adapter knows its own fix.
+    missing_ids_fix: str | None = None
 
 
 class NodeScope(NamedTuple):
@@ -225,6 +227,8 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
     (LangGraph's ``GraphInterrupt``), besides those of ``register_pause`` and
     ``@replay_safe(pause_on=...)``: the call is kept paused, neither failed nor in doubt,
     and the next call of the same key runs it again, its completed steps replaying.
+    ``missing_ids_fix`` is what the warning about a missing id tells the user to do (an
+    adapter names its own option), instead of the generic advice.
     """
 
     __slots__ = ("scope",)
@@ -241,6 +245,7 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
         tool_timeout: float | None = UNSET,
         in_doubt: InDoubt | None = None,
         pauses: tuple[type[BaseException], ...] = (),
+        missing_ids_fix: str | None = None,
     ) -> None:
         super().__init__()
         key = CallKey(
@@ -254,6 +259,7 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
             tuple(pauses) if pauses else (),
             tool_timeout if tool_timeout is UNSET else timeout_setting(tool_timeout, "tool_timeout"),
             None if in_doubt is None else check_in_doubt(in_doubt, "tool_call()"),
+            missing_ids_fix=missing_ids_fix,
         )
 
     @classmethod

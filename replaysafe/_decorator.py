@@ -40,14 +40,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 OnMissingIds = Literal["warn", "raise"]
 
 _DEFAULT_SERIALIZER = JsonSerializer()
-_warned_no_ledger = False
 _warned_disabled = False
 
 
 @_config.on_reset
 def _reset_warnings() -> None:
-    global _warned_no_ledger, _warned_disabled
-    _warned_no_ledger = _warned_disabled = False
+    global _warned_disabled
+    _warned_disabled = False
 
 
 #: What identifies a tool's calls: the framework's ids (``"call"``, the default), the thread
@@ -70,6 +69,7 @@ class _Tool:
         "spec",
         "timeout",
         "warned_missing",
+        "warned_no_ledger",
     )
 
     def __init__(
@@ -90,6 +90,7 @@ class _Tool:
         self.key = key
         self.pause_on = pause_on
         self.warned_missing = False
+        self.warned_no_ledger = False
         signature = inspect.signature(spec.function)
         unknown = [name for name in exclude_args if name not in signature.parameters]
         if unknown:
@@ -144,20 +145,20 @@ class _Tool:
             return None  # a CallInfo set by hand, not by a protected call: nothing to be a step of
         ledger = self.ledger or (scope.ledger if scope is not None else None) or default_ledger()
         if ledger is None:
-            _warn_no_ledger(self.spec.name)
+            self._no_ledger()
             return None
         name = self.spec.name
         if self.key == "call":
             if parent is not None:  # a step: its parent's key, its tool name and its ordinal
                 key = step_key(parent.key, name, parent.next_ordinal(name))
             elif scope is None or not all(scope.key):
-                self._missing_ids(scope.key if scope is not None else None)
+                self._missing_ids(scope)
                 return None
             else:
                 key = scope.key
         elif self.key == "args":
             if scope is None or not scope.key.thread_id:
-                self._missing_ids(scope.key if scope is not None else None, 'key="args" needs a thread id, and ')
+                self._missing_ids(scope, 'key="args" needs a thread id, and ')
                 return None
             digest = self.digest(instance, args, kwargs)
             return self._planned(scope, args_key(scope.key.thread_id, name, digest), ledger, digest, parent)
@@ -205,11 +206,29 @@ class _Tool:
             raise ToolTimeoutError(message, timeout=0.0, tool_name=self.spec.name, key=scope.key)
         return timeout, hard
 
-    def _missing_ids(self, key: CallKey | None, needed: str = "") -> None:
-        missing = needed + ("no tool_call(...) is set" if key is None else f"empty ids in ({key})")
+    def _no_ledger(self) -> None:
+        """Warn once per tool (an app may hand one adapter a ledger and forget another's)."""
+        name = self.spec.name
+        if self.warned_no_ledger:
+            _count_unprotected(name, "no ledger is configured")
+            return
+        self.warned_no_ledger = True
         message = (
-            f"{self.spec.name} ran WITHOUT replay protection: {missing}. Wrap the call in "
-            "replaysafe.tool_call(thread_id, message_id, tool_call_id), or use an adapter that does."
+            f"{name} ran WITHOUT replay protection: no ledger is configured. Pass @replay_safe(ledger=...) "
+            "(or your adapter's ledger), call replaysafe.set_default_ledger(...), or set "
+            f"{_constants.LEDGER_URL_ENV}."
+        )
+        emit(EventKind.UNPROTECTED, message, tool_name=name, key=None, level=10)
+        warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
+
+    def _missing_ids(self, scope: CallScope | None, needed: str = "") -> None:
+        key = scope.key if scope is not None else None
+        missing = needed + ("no tool_call(...) is set" if key is None else f"empty ids in ({key})")
+        fix = scope.missing_ids_fix if scope is not None else None
+        message = f"{self.spec.name} ran WITHOUT replay protection: {missing}. " + (
+            fix
+            or "Wrap the call in replaysafe.tool_call(thread_id, message_id, tool_call_id), or use an adapter "
+            "that does."
         )
         if self.on_missing_ids == "raise":
             raise MissingCallIdError(message, tool_name=self.spec.name, key=key)
@@ -278,21 +297,6 @@ def _count_unprotected(tool_name: str, why: str) -> None:
     """Every unprotected call is an event (metrics count them); the warning is said only once."""
     if wanted(EventKind.UNPROTECTED):
         emit(EventKind.UNPROTECTED, f"{tool_name} ran WITHOUT replay protection: {why}", tool_name=tool_name, key=None)
-
-
-def _warn_no_ledger(tool_name: str) -> None:
-    global _warned_no_ledger
-    if _warned_no_ledger:
-        _count_unprotected(tool_name, "no ledger is configured")
-    else:
-        _warned_no_ledger = True
-        message = (
-            f"{tool_name} and every other @replay_safe tool run WITHOUT replay protection: no ledger is configured. "
-            "Pass @replay_safe(ledger=...), call replaysafe.set_default_ledger(...), or set "
-            f"{_constants.LEDGER_URL_ENV}."
-        )
-        emit(EventKind.UNPROTECTED, message, tool_name=tool_name, key=None, level=10)
-        warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
 
 
 def _warn_disabled(tool_name: str) -> None:

@@ -521,8 +521,8 @@ def test_missing_ids_raise_when_asked(ledger: Ledger) -> None:
     assert runs == []
 
 
-def test_no_ledger_runs_plain_with_one_warning_per_process() -> None:
-    """With no ledger anywhere the tool is a plain function, with a single warning."""
+def test_no_ledger_runs_plain_with_one_warning_per_tool() -> None:
+    """With no ledger anywhere the tool is a plain function, with one warning per tool (not one per process)."""
 
     @replay_safe
     def one() -> int:
@@ -536,7 +536,7 @@ def test_no_ledger_runs_plain_with_one_warning_per_process() -> None:
         assert one() == 1
         assert two() == 2
         assert one() == 1
-    assert len(warned) == 1
+    assert sorted(str(w.message).split()[0] for w in warned) == ["one", "two"]
 
 
 # --- 8. results ----------------------------------------------------------------------------

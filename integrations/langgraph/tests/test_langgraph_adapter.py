@@ -453,8 +453,10 @@ def test_message_without_id_runs_unprotected_with_a_warning(ledger: SqliteLedger
     """No message id and no fallback: the core's rule applies (warn, run unprotected)."""
     effects: list[str] = []
     graph = tools_only_graph(effects, ledger)
-    with pytest.warns(UnprotectedCallWarning, match="refund_order ran WITHOUT replay protection"):
+    with pytest.warns(UnprotectedCallWarning, match="refund_order ran WITHOUT replay protection") as warned:
         graph.invoke(id_less_call(), config(thread_id))
+    assert "fallback_message_id=" in str(warned[0].message)
+    assert "tool_call(" not in str(warned[0].message)  # the adapter's fix, not the generic advice
     assert effects == ["refund_order A1"]
     assert list(ledger.records()) == []
 

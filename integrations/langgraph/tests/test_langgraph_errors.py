@@ -19,6 +19,7 @@ from replaysafe import (
     ReplayMismatchError,
     SqliteLedger,
     Status,
+    UnprotectedCallWarning,
     replay_safe,
 )
 from replaysafe_langgraph import (
@@ -227,3 +228,29 @@ def test_a_sync_only_interceptor_names_the_async_one(ledger: SqliteLedger, threa
     with pytest.raises(TypeError, match=r"awrap_tool_call=interceptor\.awrap"):
         asyncio.run(graph.ainvoke(ask(1), config(thread_id)))
     assert effects == []
+
+
+def test_without_a_ledger_each_tool_warns_once(thread_id: str) -> None:
+    """No ledger anywhere: the first tool's warning does not silence the second adapter's tool."""
+    effects: list[str] = []
+
+    def send_email(to: str) -> str:
+        """Email the customer."""
+        effects.append(f"send_email {to}")
+        return "sent"
+
+    first = state_graph(
+        scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}), final_answer(1)),
+        replay_safe_tool_node([refund_tool(effects, decorated=False)], ledger=None),
+        InMemorySaver(),
+    )
+    second = state_graph(
+        scripted(tool_call_message(2, "send_email", {"to": "bob"}), final_answer(2)),
+        replay_safe_tool_node([tool(send_email)], ledger=None),
+        InMemorySaver(),
+    )
+    with pytest.warns(UnprotectedCallWarning, match="refund_order ran WITHOUT replay protection: no ledger"):
+        asyncio.run(first.ainvoke(ask(1), config(thread_id)))
+    with pytest.warns(UnprotectedCallWarning, match="send_email ran WITHOUT replay protection: no ledger"):
+        second.invoke(ask(2), config(thread_id))
+    assert effects == ["refund_order A1", "send_email bob"]

@@ -51,6 +51,13 @@ class _DefaultTimeout:
 
 #: ``timeout=`` left out: replaysafe's own default applies (``None`` means no timeout at all).
 DEFAULT_TIMEOUT: Any = _DefaultTimeout()
+#: The adapter's own fix for a call it cannot key, named by replaysafe's missing-ids warning and error.
+MISSING_IDS_FIX = (
+    "A message id is missing when the state's AIMessage has no id (a reducer other than add_messages): pass "
+    "fallback_message_id= (replaysafe_langgraph.ai_message_digest) to replay_safe_tool_node, "
+    "ReplaySafeMiddleware or ReplaySafeInterceptor. A thread id is missing when the graph has no checkpointer "
+    'or the run config no "thread_id".'
+)
 #: What ``ToolNode(handle_tool_errors=...)`` accepts.
 ToolErrors = bool | str | Callable[..., str] | type[Exception] | tuple[type[Exception], ...]
 
@@ -172,7 +179,9 @@ class ReplaySafeInterceptor:
         in_doubt = configurable.get("in_doubt", self.in_doubt)
         if in_doubt is not None:
             given["in_doubt"] = in_doubt
-        return tool_call(*self.key(request), ledger=self.ledger, pauses=PAUSES, **given)
+        return tool_call(
+            *self.key(request), ledger=self.ledger, pauses=PAUSES, missing_ids_fix=MISSING_IDS_FIX, **given
+        )
 
     def wrap(self, request: ToolCallRequest, execute: Execute) -> ToolResult:
         """The sync interceptor (``ToolNode(wrap_tool_call=...)``)."""
