@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from .ledgers.sqlite import SqliteLedger
 
 __all__ = [
-    "CONTROL_ERRORS",
     "ArgumentDigestError",
+    "CONTROL_ERRORS",
     "CallInDoubtError",
     "CallInProgressError",
     "CallInfo",
