@@ -254,3 +254,41 @@ def test_without_a_ledger_each_tool_warns_once(thread_id: str) -> None:
     with pytest.warns(UnprotectedCallWarning, match="send_email ran WITHOUT replay protection: no ledger"):
         second.invoke(ask(2), config(thread_id))
     assert effects == ["refund_order A1", "send_email bob"]
+
+
+# --- a decorated tool replays what it returned ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("serializer", [None, MessageSerializer()], ids=["default", "message-serializer"])
+@pytest.mark.parametrize("annotated", [True, False], ids=["annotated", "bare"])
+def test_a_decorated_content_and_artifact_tool_replays_its_tuple(
+    serializer: MessageSerializer | None, annotated: bool, ledger: SqliteLedger, thread_id: str
+) -> None:
+    """The (content, artifact) pair comes back a pair, with or without a return annotation: the model sees no error."""
+    effects: list[str] = []
+
+    def refund_order(order_id: str) -> tuple[str, dict[str, Any]]:
+        """Refund an order."""
+        effects.append(f"refund_order {order_id}")
+        return f"refunded {order_id}", {"refund_id": "re_123"}
+
+    if not annotated:
+        del refund_order.__annotations__["return"]
+    refund = tool(response_format="content_and_artifact")(replay_safe(serializer=serializer)(refund_order))
+    model = scripted(
+        tool_call_message(1, "refund_order", {"order_id": "A1"}),
+        final_answer(1),
+        AIMessage(id="msg-turn1-final-fork", content="again"),
+    )
+    graph = state_graph(model, replay_safe_tool_node([refund], ledger=ledger, handle_tool_errors=True), InMemorySaver())
+    first = graph.invoke(ask(1), config(thread_id))
+    replayed = graph.invoke(None, before_tools(graph, thread_id))
+    original = next(m for m in first["messages"] if isinstance(m, ToolMessage))
+    again = next(m for m in replayed["messages"] if isinstance(m, ToolMessage))
+    assert effects == ["refund_order A1"]
+    assert (again.content, again.artifact, again.status, again.name) == (
+        original.content,
+        {"refund_id": "re_123"},
+        "success",
+        "refund_order",
+    )

@@ -79,7 +79,9 @@ def _encode(value: Any) -> dict[str, Any]:
                 "goto": _encode_goto(value.goto),
             }
         }
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, tuple):  # a (content, artifact) pair of response_format="content_and_artifact"
+        return {"tuple": [_encode(item) for item in value]}
+    if isinstance(value, list):
         return {"list": [_encode(item) for item in value]}
     return {"value": dumpd(value)}
 
@@ -146,6 +148,8 @@ def _decode(envelope: dict[str, Any], allowed_objects: AllowedObjects) -> Any:
         )
     if "list" in envelope:
         return [_decode(item, allowed_objects) for item in envelope["list"]]
+    if "tuple" in envelope:
+        return tuple(_decode(item, allowed_objects) for item in envelope["tuple"])
     return _revive(envelope["value"], allowed_objects)
 
 
