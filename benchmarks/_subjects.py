@@ -163,9 +163,10 @@ class PostgresFloor:
     every execute would add client work the ledger does not do.
     """
 
-    def __init__(self, url: str, schema: str) -> None:
+    def __init__(self, url: str, schema: str, options: str = "") -> None:
         self._url = url
-        self._conn = psycopg.connect(url, autocommit=True)
+        self._options = options  # libpq's, as ``-c name=value`` (the same the ledger's URL may carry)
+        self._conn = psycopg.connect(url, autocommit=True, options=options)
         self._aconn: psycopg.AsyncConnection[Any] | None = None
         table = sql.Identifier(schema, FLOOR_TABLE)
 
@@ -190,7 +191,7 @@ class PostgresFloor:
 
     async def _async(self) -> psycopg.AsyncConnection[Any]:
         if self._aconn is None:
-            self._aconn = await psycopg.AsyncConnection.connect(self._url, autocommit=True)
+            self._aconn = await psycopg.AsyncConnection.connect(self._url, autocommit=True, options=self._options)
         return self._aconn
 
     async def amiss(self, name: str) -> None:
@@ -251,6 +252,34 @@ class RedisFloor:
             await self._aclient.aclose()
             self._aclient = None
         self.close()
+
+
+class RedisHeldFloor:
+    """The Redis floor below redis-py's command layer (context only): one held connection, each
+    command packed and sent by hand, its reply read by the connection's parser; no pool checkout,
+    no response callbacks. The same commands and decoding as ``RedisFloor``; sync only."""
+
+    def __init__(self, url: str) -> None:
+        self._pool = redis.ConnectionPool.from_url(url)
+        self._conn = self._pool.make_connection()
+        self._conn.connect()
+        self._claim = json.dumps({"status": "running", "owner": _OWNER, "digest": _DIGEST})
+        self._done = json.dumps({"status": "completed", "owner": _OWNER, "digest": _DIGEST, "result": _RESULT})
+
+    def _command(self, *args: Any) -> Any:
+        self._conn.send_packed_command(self._conn.pack_command(*args), check_health=False)
+        return self._conn.read_response()
+
+    def miss(self, name: str) -> None:
+        self._command("SET", name, self._claim, "NX")
+        self._command("SET", name, self._done)
+
+    def hit(self, name: str) -> None:
+        _result_of_value(self._command("GET", name))
+
+    def close(self) -> None:
+        self._conn.disconnect()
+        self._pool.disconnect()
 
 
 def create_floor_table(ledger_factory: Callable[[str], Ledger]) -> None:
@@ -360,35 +389,3 @@ def _dict_layer() -> Any:
             self.records.pop(data_record.idempotency_key, None)
 
     return DictPersistenceLayer()
-
-
-# --- counting round trips --------------------------------------------------------------
-
-
-class CountingConnection(redis.Connection):
-    """A redis-py connection that counts the requests it sends (a pipeline is one)."""
-
-    sent = 0
-
-    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        CountingConnection.sent += 1
-        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
-
-
-def counting_client(url: str, **options: Any) -> redis.Redis:
-    """A client like ``redis.Redis.from_url(url)`` whose requests ``CountingConnection`` counts."""
-    base = redis.Redis.from_url(url)
-    settings = {
-        k: v
-        for k, v in base.connection_pool.connection_kwargs.items()
-        if k in ("host", "port", "db", "username", "password")
-    }
-    base.close()
-    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=CountingConnection, **settings, **options))
-
-
-def count_requests(action: Callable[[], Any]) -> int:
-    """Requests sent by ``CountingConnection`` clients while ``action`` runs."""
-    CountingConnection.sent = 0
-    action()
-    return CountingConnection.sent

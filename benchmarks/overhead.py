@@ -15,12 +15,16 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
+
+import redis
 
 from replaysafe import Ledger, MemoryLedger, PostgresLedger, RedisLedger, SqliteLedger, replay_safe, tool_call
 
 from . import _subjects as subjects
 from ._env import Scratch, libpq_url
 from ._stats import Block, differences, micros, paired_rounds, ratios, summary
+from ._wire import relayed
 from .settings import Settings
 
 THREAD = "t"
@@ -286,12 +290,28 @@ def postgres_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractE
     )
     floor = subjects.PostgresFloor(libpq_url(scratch.postgres_url), scratch.schema)
     _floor(blocks, floor, loop, calls, lambda m: subjects.key_digest(THREAD, m, "c"))
+    # Context: both sides with synchronous_commit=off (a commit does not wait for the WAL flush).
+    relaxed = "-c synchronous_commit=off"
+    relaxed_url = f"{scratch.postgres_url}{'&' if '?' in scratch.postgres_url else '?'}options={quote(relaxed)}"
+    relaxed_ledger = PostgresLedger(relaxed_url, schema=scratch.schema)
+    relaxed_tools = subjects.Tools(relaxed_ledger)
+    relaxed_floor = subjects.PostgresFloor(libpq_url(scratch.postgres_url), scratch.schema, options=relaxed)
+    blocks["ours-commit-off.sync.miss"] = ours_sync(relaxed_tools.sync, lambda r: _miss_ids(r, calls, "o"))
+    blocks["floor-commit-off.sync.miss"] = raw_sync(
+        relaxed_floor.miss, lambda r: [subjects.key_digest(THREAD, f"o{r}-{i}", "f") for i in range(calls)]
+    )
+    compare = [
+        *_OURS_VS_FLOOR,
+        ("context.synchronous_commit_off.sync.miss", "ours-commit-off.sync.miss", "floor-commit-off.sync.miss"),
+    ]
 
     def close() -> None:
         loop.run_until_complete(floor.aclose())
         loop.run_until_complete(ledger.aclose())
+        relaxed_floor.close()
+        relaxed_ledger.close()
 
-    return Group("postgres", blocks, settings.rounds, list(_OURS_VS_FLOOR), [close], [])
+    return Group("postgres", blocks, settings.rounds, compare, [close], [], _postgres_round_trips(scratch))
 
 
 def redis_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEventLoop) -> Group:
@@ -302,8 +322,23 @@ def redis_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEven
     _ours(blocks, ledger, loop, calls)
     floor = subjects.RedisFloor(scratch.redis_url)
     _floor(blocks, floor, loop, calls, lambda m: f"{scratch.prefix}:floor:{{{THREAD}}}:{m}:c")
-    compare = list(_OURS_VS_FLOOR)
-    closers: list[Callable[[], None]] = []
+    # Context: the floor on one held connection, below redis-py's command layer.
+    held = subjects.RedisHeldFloor(scratch.redis_url)
+    held_hits = [f"{scratch.prefix}:held:{{{THREAD}}}:hit-{i}:c" for i in range(calls)]
+    for name in held_hits:
+        held.miss(name)
+    blocks["floor-held.sync.miss"] = raw_sync(
+        held.miss, lambda r: [f"{scratch.prefix}:held:{{{THREAD}}}:{r}-{i}:c" for i in range(calls)]
+    )
+    blocks["floor-held.sync.hit"] = raw_sync(held.hit, lambda r: held_hits)
+    compare = [
+        *_OURS_VS_FLOOR,
+        *(
+            (f"context.held_connection.sync.{kind}", f"ours.sync.{kind}", f"floor-held.sync.{kind}")
+            for kind in ("miss", "hit")
+        ),
+    ]
+    closers: list[Callable[[], None]] = [held.close]
     notes: list[str] = []
     if subjects.powertools_available():
         alternative = subjects.Powertools(
@@ -328,29 +363,53 @@ def redis_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEven
     return Group("redis", blocks, settings.rounds, compare, closers, notes, _redis_round_trips(scratch))
 
 
-def _redis_round_trips(scratch: Scratch) -> dict[str, int]:
-    """Requests each subject sends to Redis for one miss and one hit, counted on counting clients."""
-    assert scratch.redis_url is not None
+def _round_trips(
+    url: str, ours: Callable[[str], Ledger], floor: Callable[[str], subjects.Floor], floor_name: Callable[[str], str]
+) -> dict[str, int]:
+    """Round trips one first call and one replay make, ours and the floor's, counted on the wire (``_wire``)."""
     counts: dict[str, int] = {}
-    client = subjects.counting_client(scratch.redis_url)
-    ledger = RedisLedger(client, prefix=f"{scratch.prefix}:count")
-    tools = subjects.Tools(ledger)
-    _call(tools, "warm")  # scripts loaded, connection open
-    counts["ours.miss"] = subjects.count_requests(lambda: _call(tools, "count"))
-    counts["ours.hit"] = subjects.count_requests(lambda: _call(tools, "count"))
-    floor = subjects.RedisFloor(scratch.redis_url, client)
-    name = f"{scratch.prefix}:count-floor"
-    counts["floor.miss"] = subjects.count_requests(lambda: floor.miss(name))
-    counts["floor.hit"] = subjects.count_requests(lambda: floor.hit(name))
-    if subjects.powertools_available():
-        counted = subjects.counting_client(scratch.redis_url, decode_responses=True)
-        alternative = subjects.Powertools("redis", client=counted, key_prefix=f"{scratch.prefix}-ptcount")
-        alternative(THREAD, "warm", "c")
-        counts["powertools.miss"] = subjects.count_requests(lambda: alternative(THREAD, "count", "c"))
-        counts["powertools.hit"] = subjects.count_requests(lambda: alternative(THREAD, "count", "c"))
-        alternative.close()
-    client.close()
+    with relayed(url) as (relay, through):
+        ledger = ours(through)
+        tools = subjects.Tools(ledger)
+        _call(tools, "warm")  # connections open, scripts loaded, statements prepared
+        counts["ours.miss"] = relay.count(lambda: _call(tools, "count"))
+        counts["ours.hit"] = relay.count(lambda: _call(tools, "count"))
+        ledger.close()
+        raw = floor(through)
+        raw.miss(floor_name("warm"))
+        counts["floor.miss"] = relay.count(lambda: raw.miss(floor_name("count")))
+        counts["floor.hit"] = relay.count(lambda: raw.hit(floor_name("count")))
+        raw.close()
     return counts
+
+
+def _redis_round_trips(scratch: Scratch) -> dict[str, int]:
+    assert scratch.redis_url is not None
+    counts = _round_trips(
+        scratch.redis_url,
+        lambda url: RedisLedger(url, prefix=f"{scratch.prefix}:count"),
+        subjects.RedisFloor,
+        lambda m: f"{scratch.prefix}:count-floor:{{{THREAD}}}:{m}:c",
+    )
+    if subjects.powertools_available():
+        with relayed(scratch.redis_url) as (relay, through):
+            client = redis.Redis.from_url(through, decode_responses=True)
+            alternative = subjects.Powertools("redis", client=client, key_prefix=f"{scratch.prefix}-ptcount")
+            alternative(THREAD, "warm", "c")
+            counts["powertools.miss"] = relay.count(lambda: alternative(THREAD, "count", "c"))
+            counts["powertools.hit"] = relay.count(lambda: alternative(THREAD, "count", "c"))
+            alternative.close()
+    return counts
+
+
+def _postgres_round_trips(scratch: Scratch) -> dict[str, int]:
+    assert scratch.postgres_url is not None
+    return _round_trips(
+        scratch.postgres_url,
+        lambda url: PostgresLedger(url, schema=scratch.schema),
+        lambda url: subjects.PostgresFloor(libpq_url(url), scratch.schema),
+        lambda m: subjects.key_digest(THREAD, m, "c"),
+    )
 
 
 def _call(tools: subjects.Tools, message_id: str) -> None:

@@ -198,9 +198,30 @@ def _overhead_table(results: dict[str, Any]) -> list[str]:
             )
         if data.get("round_trips"):
             trips = ", ".join(f"{k} {v}" for k, v in data["round_trips"].items())
-            lines.append(f"| {ledger} | | requests sent per call | {trips} | | | | | |")
+            lines.append(f"| {ledger} | | round trips on the wire per call | {trips} | | | | | |")
     notes = [note for data in overhead.values() for note in data.get("notes", [])]
     lines += ["", *(f"Note: {note}" for note in notes), ""]
+    context = [
+        (ledger, label.removeprefix("context."), entry)
+        for ledger, entries in (results.get("floor") or {}).items()
+        for label, entry in entries.items()
+        if label.startswith("context.")
+    ]
+    if context:
+        lines += [
+            "### Context (not targets)",
+            "",
+            "Ours against a floor in another setting: Redis on one held connection below redis-py's command "
+            "layer; PostgreSQL with `synchronous_commit=off` on both sides.",
+            "",
+            "| ledger | setting | ours us | floor us | ours / floor |",
+            "|---|---|---|---|---|",
+        ]
+        for ledger, label, entry in context:
+            per_call = overhead[ledger]["per_call_us"]
+            ours, other = per_call.get(entry["ours"]), per_call.get(entry["other"])
+            lines.append(f"| {ledger} | {label} | {_spread(ours)} | {_spread(other)} | {_spread(entry['ratio'], 2)} |")
+        lines.append("")
     memory = _get(results, "floor", "memory") or {}
     if "timeout.alarm" in memory:
         lines += [

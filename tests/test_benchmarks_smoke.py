@@ -60,6 +60,14 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
     assert (meta["load_warning"] is not None) == busy
     if busy:
         assert meta["load_warning"] in markdown and f"WARNING: {meta['load_warning']}" in done.stdout
+    # Round trips counted on the wire: two for a first call and one for a replay, ours as the floor's.
+    for ledger in ("redis", "postgres"):
+        trips = results["overhead"][ledger]["round_trips"]
+        assert (trips["ours.miss"], trips["ours.hit"]) == (trips["floor.miss"], trips["floor.hit"]) == (2, 1), trips
+    # Context rows: Redis on a held connection, PostgreSQL with synchronous_commit=off.
+    assert {"context.held_connection.sync.miss", "context.held_connection.sync.hit"} <= set(results["floor"]["redis"])
+    assert "context.synchronous_commit_off.sync.miss" in results["floor"]["postgres"]
+    assert "### Context" in markdown and "round trips on the wire" in markdown
     # The progress bar names the sections on stderr.
     assert all(f"/4] {section}" in done.stderr for section in ("overhead", "concurrency", "parallel", "scale"))
 
