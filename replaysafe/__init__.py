@@ -32,7 +32,7 @@ from ._events import Event, EventKind, on_event
 from ._identity import idempotency_key
 from ._otel import instrument_opentelemetry
 from ._records import CallKey, ClaimResult, Record, Status
-from .ledgers import Ledger, MemoryLedger, open_ledger
+from .ledgers import Ledger, MemoryLedger, open_ledger, register_ledger
 
 if TYPE_CHECKING:
     from .ledgers.postgres import PostgresLedger
@@ -81,6 +81,7 @@ __all__ = [
     "node",
     "on_event",
     "open_ledger",
+    "register_ledger",
     "register_pause",
     "replay_safe",
     "set_default_ledger",

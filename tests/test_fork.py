@@ -21,6 +21,7 @@ import pytest
 
 from replaysafe import CallKey, Ledger, PostgresLedger, RedisLedger, Status, replay_safe, tool_call
 from replaysafe._owners import _process_start, owner_token
+from replaysafe.ledgers._sql import Step
 
 # Python 3.12+ warns that forking a process with threads may deadlock: that is what is tested here.
 pytestmark = pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
@@ -132,13 +133,11 @@ def _connection_ids(ledger: Ledger, loop: asyncio.AbstractEventLoop) -> list[Any
             return await client.client_id()
 
     elif isinstance(ledger, PostgresLedger):
-        with ledger._cursor() as cursor:
-            sync_id = cursor.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        backend_pid = Step("SELECT pg_backend_pid()", (), lambda rows, count: rows[0][0])  # type: ignore[index]
+        sync_id = ledger.run(backend_pid)
 
         async def async_id() -> Any:
-            async with ledger.aio._cursor() as cursor:  # type: ignore[attr-defined]
-                await cursor.execute("SELECT pg_backend_pid()")
-                return (await cursor.fetchone())[0]
+            return await ledger.aio.run(backend_pid)  # type: ignore[attr-defined]
 
     else:
         return []

@@ -150,7 +150,7 @@ def test_clear_errors_and_exit_codes(tmp_path: Path) -> None:
     no_url = cli("ledger", "list", env={"REPLAYSAFE_LEDGER_URL": ""})
     assert (no_url.returncode, "--ledger URL" in no_url.stderr) == (2, True)
     wrong = cli("ledger", "--ledger", "mysql://db/x", "list")
-    assert (wrong.returncode, "expected memory://" in wrong.stderr) == (2, True)
+    assert (wrong.returncode, "registered: memory://" in wrong.stderr) == (2, True)
     missing = cli("ledger", "--ledger", f"sqlite:///{tmp_path}/none.db", "list")
     assert (missing.returncode, "no ledger file" in missing.stderr) == (3, True)
     assert not (tmp_path / "none.db").exists()

@@ -6,7 +6,9 @@ Backends with heavier imports (SQLAlchemy, psycopg, redis) load on first use.
 from __future__ import annotations
 
 import importlib
+import re
 import urllib.parse
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._protocol import AsyncLedger, Ledger, LedgerBase, LedgerFault, OffloadedAsyncLedger, RetryPolicy
@@ -29,43 +31,86 @@ __all__ = [
     "RetryPolicy",
     "SqliteLedger",
     "open_ledger",
+    "register_ledger",
 ]
 
-# Lazily imported backends: class name -> module.
+#: Lazily imported backends: class name -> module.
 _BACKENDS = {"SqliteLedger": "sqlite", "PostgresLedger": "postgres", "RedisLedger": "redis"}
-# URL scheme -> class name.
-_SCHEMES = {
-    "sqlite": "SqliteLedger",
-    "postgres": "PostgresLedger",
-    "postgresql": "PostgresLedger",
-    "redis": "RedisLedger",
-    "rediss": "RedisLedger",
-    "unix": "RedisLedger",
-}
+
+#: Makes the ledger a URL names: ``factory(url, **options)``.
+LedgerFactory = Callable[..., Ledger]
+
+#: URL scheme -> factory; filled by ``register_ledger`` (the built-in schemes below too).
+_registry: dict[str, LedgerFactory] = {}
+# A scheme as RFC 3986 spells it, lower case; "+" is left out: it separates a driver (postgresql+psycopg).
+_SCHEME = re.compile(r"[a-z][a-z0-9.-]*")
+
+
+def register_ledger(scheme: str, factory: LedgerFactory, *, replace: bool = False) -> None:
+    """Make ``open_ledger`` (and ``REPLAYSAFE_LEDGER_URL``) open ``scheme://...`` URLs with ``factory``.
+
+    ``factory(url, **options)`` gets the whole URL and the keyword options given to
+    ``open_ledger`` and returns the ledger. A URL's scheme is matched without case and
+    without a ``+driver`` suffix. Registering a scheme that is already registered is an
+    error unless ``replace=True``.
+    """
+    name = scheme.lower() if isinstance(scheme, str) else scheme
+    if not isinstance(name, str) or not _SCHEME.fullmatch(name):
+        raise ValueError(f"{scheme!r} is not a URL scheme: use letters, digits, '.' and '-', starting with a letter")
+    if not callable(factory):
+        raise TypeError(f"register_ledger({name!r}, ...) needs a callable factory(url, **options) -> Ledger")
+    if name in _registry and not replace:
+        raise ValueError(f"the URL scheme {name!r} already has a ledger: pass replace=True to replace it")
+    _registry[name] = factory
+
+
+def _lazy(class_name: str) -> LedgerFactory:
+    """A factory that imports its backend (SQLAlchemy, psycopg, redis) only when a URL needs it."""
+
+    def open_backend(url: str, **options: Any) -> Ledger:
+        backend: Any = getattr(importlib.import_module(f".{_BACKENDS[class_name]}", __name__), class_name)
+        # Each backend reads its own options from the URL's query string (an unknown one is an error).
+        ledger: Ledger = backend(url, **options)
+        return ledger
+
+    return open_backend
+
+
+def _memory(url: str, **options: Any) -> Ledger:
+    return MemoryLedger(**options)
+
+
+register_ledger("memory", _memory)
+for _scheme, _class_name in (
+    ("sqlite", "SqliteLedger"),
+    ("postgres", "PostgresLedger"),
+    ("postgresql", "PostgresLedger"),
+    ("redis", "RedisLedger"),
+    ("rediss", "RedisLedger"),
+    ("unix", "RedisLedger"),
+):
+    register_ledger(_scheme, _lazy(_class_name))
 
 
 def open_ledger(url: str, **options: Any) -> Ledger:
     """The ledger a URL names.
 
     ``memory://``, ``sqlite:///path/to/file.db``, ``postgresql://user@host/db`` (also
-    ``postgresql+psycopg://``) and ``redis://host:6379/0``. Options go in the query
-    string (``?table=...&schema=...&prefix=...&ttl=...&connect_timeout=...&io_timeout=...``) or as
+    ``postgresql+psycopg://``) and ``redis://host:6379/0``, and any scheme added with
+    ``register_ledger``. Options go in the query string
+    (``?table=...&schema=...&prefix=...&ttl=...&connect_timeout=...&io_timeout=...``) or as
     keyword arguments, which win; an option the ledger and its driver do not know is an error.
     """
-    parts = urllib.parse.urlsplit(url)
-    scheme = parts.scheme.lower().partition("+")[0]
-    if scheme == "memory":
-        return MemoryLedger(**options)
-    name = _SCHEMES.get(scheme)
-    if name is None:
+    scheme = urllib.parse.urlsplit(url).scheme.lower().partition("+")[0]
+    factory = _registry.get(scheme)
+    if factory is None:
+        registered = ", ".join(f"{name}://" for name in sorted(_registry))
         raise ValueError(
-            f"no ledger for the URL {_redact(url)!r}: expected memory://, sqlite:///path/to/ledger.db, "
-            "postgresql://user@host/db or redis://host:6379/0"
+            f"no ledger for the URL {_redact(url)!r}: its scheme {scheme!r} is not registered "
+            f"(registered: {registered}). Fix the URL, or register a ledger for the scheme first with "
+            "replaysafe.register_ledger(scheme, factory)."
         )
-    backend: Any = getattr(importlib.import_module(f".{_BACKENDS[name]}", __name__), name)
-    # Each backend reads its own options from the URL's query string (an unknown one is an error).
-    ledger: Ledger = backend(url, **options)
-    return ledger
+    return factory(url, **options)
 
 
 def _redact(url: str) -> str:

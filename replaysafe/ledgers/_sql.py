@@ -1,28 +1,33 @@
-"""The ``tool_executions`` table and the statements every SQL ledger shares.
+"""The ``tool_executions`` table and every statement SQLite and PostgreSQL share, as data.
 
 SQLite and PostgreSQL use one schema. The call key is a SHA-256 digest of the
 three ids (a btree entry cannot hold three ids of up to 64 KB each); the raw ids
 stay in plain columns for inspection.
+
+Each ledger operation is built here once as a ``Step``: a statement, its
+parameters, and how its reply reads. A backend only runs steps (one small sync
+runner and, with async I/O, one small async runner) and supplies its claim, the
+one statement the two dialects cannot share.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import re
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .._clock import utcnow
 from .._identity import key_digest
-from .._records import CallKey, Record, Status
+from .._records import CallKey, ClaimResult, Record, Status, expires_at
 from ._protocol import LedgerBase, RetryPolicy, SigningKey
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -81,37 +86,224 @@ def tool_executions_table(metadata: sa.MetaData, name: str) -> sa.Table:
     )
 
 
-_COLUMNS = (
-    "thread_id",
-    "message_id",
-    "tool_call_id",
-    "tool_name",
-    "args_digest",
-    "status",
-    "result",
-    "owner",
-    "attempt",
-    "created_at",
-    "updated_at",
-    "lease_expires_at",
-    "expires_at",
+#: The columns a ``Record`` is read from when its key is known, in ``Operations.record``'s order.
+RECORD_COLUMNS = (
+    "tool_name, args_digest, status, result, owner, attempt, created_at, updated_at, lease_expires_at, expires_at"
 )
+#: The same with the key's ids first, for reads that find keys (records(), get_many()).
+KEYED_COLUMNS = f"thread_id, message_id, tool_call_id, {RECORD_COLUMNS}"
+#: Every column a claim writes, in the order of ``Operations.claim_values``.
+INSERT_COLUMNS = f"call_key, {KEYED_COLUMNS}"
+
+#: The row a first claim writes, in ``INSERT_COLUMNS`` order (its parameters: ``Operations.claim_params``):
+#: running, attempt 1, no result, no ttl yet. The casts type the NULLs where an INSERT takes a SELECT.
+CLAIM_ROW = "?, ?, ?, ?, ?, ?, 'running', CAST(NULL AS TEXT), ?, 1, ?, ?, ?, CAST(NULL AS TIMESTAMPTZ)"
+
+#: What a step's reply reads as: the rows (``None`` for a statement that returns none) and the rowcount.
+Reader = Callable[[Sequence[Sequence[Any]] | None, int], Any]
 
 
-def row_to_record(row: Any) -> Record:
-    return Record(
-        key=CallKey(row.thread_id, row.message_id, row.tool_call_id),
-        tool_name=row.tool_name,
-        args_digest=row.args_digest,
-        status=Status(row.status),
-        result=row.result,
-        owner=row.owner,
-        attempt=row.attempt,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        lease_expires_at=row.lease_expires_at,
-        expires_at=row.expires_at,
-    )
+class Step(NamedTuple):
+    """One statement of an operation: its text, its parameters, and how its reply reads.
+
+    ``read(rows, rowcount)`` returns the operation's value, or the next ``Step`` to run
+    (a claim that must look again, a batch that must go on).
+    """
+
+    statement: str
+    params: Sequence[Any]
+    read: Reader
+    #: Worth preparing on the server: the hot path's statements; not the housekeeping ones.
+    prepare: bool = True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Dialect:
+    """What differs between the SQL drivers in statements every dialect shares."""
+
+    #: The driver's positional placeholder: ``?`` (sqlite3) or ``%s`` (psycopg).
+    placeholder: str
+    #: A UTC time as the driver binds it, and back.
+    encode_time: Callable[[dt.datetime | None], Any]
+    decode_time: Callable[[Any], dt.datetime | None]
+    #: ``call_key`` is one of a list given as one parameter, and how that list is bound.
+    key_in_list: str
+    encode_keys: Callable[[list[str]], Any]
+
+
+def changed_one(rows: Sequence[Sequence[Any]] | None, rowcount: int) -> bool:
+    return rowcount == 1
+
+
+def rowcount(rows: Sequence[Sequence[Any]] | None, count: int) -> int:
+    return count
+
+
+class Operations:
+    """Every ledger operation on one table, built once as steps; a dialect module adds ``claim``."""
+
+    def __init__(self, table: str, dialect: Dialect, ttl: dt.timedelta | None) -> None:
+        """``table`` is the quoted, validated table name; values always go in as parameters."""
+        self.dialect = dialect
+        self.ttl = ttl
+        self.table = table
+        self._time = dialect.encode_time
+        self._decode_time = dialect.decode_time
+        live = "(expires_at IS NULL OR expires_at > ?)"
+        sql = self.sql
+        self._takeover = sql(
+            f"UPDATE {table} SET status = 'running', result = NULL, owner = ?, attempt = attempt + 1, "
+            "updated_at = ?, lease_expires_at = ?, expires_at = NULL "
+            "WHERE call_key = ? AND owner = ? AND attempt = ? AND status = ?"
+        )
+        # Fenced: only the claim's owner finishes it. Its own finished record matches
+        # too, so a write tried again after a lost answer succeeds.
+        self._complete = sql(
+            f"UPDATE {table} SET status = ?, result = ?, updated_at = ?, expires_at = ? "
+            "WHERE call_key = ? AND owner = ? AND status IN ('running', ?)"
+        )
+        self._release = sql(f"DELETE FROM {table} WHERE call_key = ? AND owner = ? AND status = 'running'")
+        # Fenced like complete: a lost or finished claim is left as it is.
+        self._renew = sql(
+            f"UPDATE {table} SET lease_expires_at = ? WHERE call_key = ? AND owner = ? AND status = 'running'"
+        )
+        self._get = sql(f"SELECT {RECORD_COLUMNS} FROM {table} WHERE call_key = ? AND {live}")
+        self._get_many = sql(f"SELECT {KEYED_COLUMNS} FROM {table} WHERE {dialect.key_in_list} AND {live}")
+        self._delete = sql(f"DELETE FROM {table} WHERE call_key = ?")
+        self._purge_thread = sql(f"DELETE FROM {table} WHERE thread_id = ?")
+        order = "ORDER BY created_at, call_key"
+        self._records = sql(f"SELECT {KEYED_COLUMNS} FROM {table} WHERE {live} {order}")
+        self._thread_records = sql(f"SELECT {KEYED_COLUMNS} FROM {table} WHERE {live} AND thread_id = ? {order}")
+        self._count_expired = sql(f"SELECT count(*) FROM {table} WHERE expires_at <= ?")
+        # ``expires_at`` again on the DELETE itself: a claim may have replaced the row
+        # since the subquery read it, and the new record must stay.
+        self._purge_expired = sql(
+            f"DELETE FROM {table} WHERE expires_at <= ? AND call_key IN "
+            f"(SELECT call_key FROM {table} WHERE expires_at <= ? LIMIT ?)"
+        )
+        # The claim's write, shared by both dialects' claims: it inserts the record, or
+        # replaces one whose ttl ran out (a record past its ttl counts as absent).
+        updates = ", ".join(f"{column} = excluded.{column}" for column in INSERT_COLUMNS.split(", ")[1:])
+        self.upsert_tail = f"ON CONFLICT (call_key) DO UPDATE SET {updates} WHERE t.expires_at <= ?"
+
+    def sql(self, text: str) -> str:
+        """``text`` written with ``?`` placeholders, in the driver's own."""
+        return text.replace("?", self.dialect.placeholder)
+
+    # --- rows -----------------------------------------------------------------------
+
+    def record(self, key: CallKey, row: Sequence[Any]) -> Record:
+        """A record from a row of ``RECORD_COLUMNS``."""
+        time = self._decode_time
+        return Record(
+            key,
+            row[0],
+            row[1],
+            Status(row[2]),
+            row[3],
+            row[4],
+            row[5],
+            time(row[6]),  # type: ignore[arg-type]
+            time(row[7]),  # type: ignore[arg-type]
+            time(row[8]),  # type: ignore[arg-type]
+            time(row[9]),
+        )
+
+    def keyed_record(self, row: Sequence[Any]) -> Record:
+        """A record from a row of ``KEYED_COLUMNS``."""
+        return self.record(CallKey(row[0], row[1], row[2]), row[3:])
+
+    def claim_params(
+        self, key: CallKey, tool_name: str, args_digest: str, owner: str, now: dt.datetime, lease: dt.datetime
+    ) -> tuple[Any, ...]:
+        """The parameters of ``CLAIM_ROW``."""
+        stamp = self._time(now)
+        return (key_digest(*key), *key, tool_name, args_digest, owner, stamp, stamp, self._time(lease))
+
+    # --- the operations ---------------------------------------------------------------
+
+    # Each takes the arguments of the ``Ledger`` method of its name.
+
+    def claim(
+        self,
+        key: CallKey,
+        *,
+        tool_name: str,
+        args_digest: str,
+        owner: str,
+        now: dt.datetime,
+        lease_expires_at: dt.datetime,
+    ) -> Step:
+        raise NotImplementedError
+
+    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Step:
+        lease = self._time(lease_expires_at)
+        digest = key_digest(*record.key)
+        params = (owner, self._time(now), lease, digest, record.owner, record.attempt, record.status.value)
+
+        def read(rows: Any, count: int) -> Record | None:
+            return record.taken_over_by(owner, now, lease_expires_at) if count == 1 else None
+
+        return Step(self._takeover, params, read)
+
+    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> Step:
+        stamps = (self._time(now), self._time(expires_at(status, now, self.ttl)))
+        return Step(self._complete, (status.value, result, *stamps, key_digest(*key), owner, status.value), changed_one)
+
+    def release(self, key: CallKey, *, owner: str) -> Step:
+        return Step(self._release, (key_digest(*key), owner), changed_one)
+
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> Step:
+        return Step(self._renew, (self._time(lease_expires_at), key_digest(*key), owner), changed_one)
+
+    def get(self, key: CallKey) -> Step:
+        def read(rows: Any, count: int) -> Record | None:
+            return self.record(key, rows[0]) if rows else None
+
+        return Step(self._get, (key_digest(*key), self._time(utcnow())), read)
+
+    def get_many(self, keys: Iterable[CallKey]) -> Step | dict[CallKey, Record]:
+        """A step, or the answer itself when there is nothing to read (runners return a non-step as is)."""
+        digests = sorted({key_digest(*key) for key in keys})
+        if not digests:
+            return {}
+
+        def read(rows: Any, count: int) -> dict[CallKey, Record]:
+            return {record.key: record for record in map(self.keyed_record, rows)}
+
+        return Step(self._get_many, (self.dialect.encode_keys(digests), self._time(utcnow())), read, False)
+
+    def delete(self, key: CallKey) -> Step:
+        return Step(self._delete, (key_digest(*key),), changed_one, False)
+
+    def purge_thread(self, thread_id: str) -> Step:
+        return Step(self._purge_thread, (thread_id,), rowcount, False)
+
+    def records(self, thread_id: str | None) -> Step:
+        now = self._time(utcnow())
+
+        def read(rows: Any, count: int) -> Iterator[Record]:
+            return iter([self.keyed_record(row) for row in rows])
+
+        if thread_id is None:
+            return Step(self._records, (now,), read, False)
+        return Step(self._thread_records, (now, thread_id), read, False)
+
+    def purge_expired(self, batch_size: int, dry_run: bool) -> Step:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+        now = self._time(utcnow())
+        if dry_run:
+            return Step(self._count_expired, (now,), lambda rows, count: int(rows[0][0]), False)  # type: ignore[index]
+        total = 0
+
+        def read(rows: Any, count: int) -> int | Step:
+            nonlocal total
+            total += count
+            return batch if count == batch_size else total  # a full batch: there may be more
+
+        batch = Step(self._purge_expired, (now, now, batch_size), read, False)
+        return batch
 
 
 # Ledgers whose pooled connections a forked child must not reuse.
@@ -124,14 +316,9 @@ def _after_fork_in_child() -> None:
 
 
 class SqlLedger(LedgerBase):
-    """A ledger in one SQL table, through SQLAlchemy Core. Subclasses pick the dialect."""
+    """A ledger in one SQL table: SQLAlchemy makes the table, ``ops`` the statements, ``run`` runs them."""
 
-    transient_errors: tuple[type[BaseException], ...] = (
-        sa_exc.OperationalError,
-        sa_exc.InterfaceError,
-        sa_exc.DisconnectionError,
-        sa_exc.TimeoutError,
-    )
+    ops: Operations
 
     def __init__(
         self,
@@ -205,32 +392,59 @@ class SqlLedger(LedgerBase):
             self._engine = None
             self._schema_ready = False
 
-    # --- the protocol: the hot operations (claim, takeover, complete, release, get) are
-    # each dialect's own fixed SQL; the rest is shared SQLAlchemy Core ----------------
+    # --- the protocol: each operation is ``ops``' step, run by the backend ------------
 
-    def _where_key(self, key: CallKey) -> Any:
-        return self.table.c.call_key == key_digest(*key)
+    def run(self, step: Step | Any) -> Any:
+        """Run ``step`` (and the steps its replies lead to) on one connection: the backend's runner.
 
-    def _live(self, now: dt.datetime) -> Any:
-        expires_at = self.table.c.expires_at
-        return sa.or_(expires_at.is_(None), expires_at > now)
+        A value that is not a ``Step`` is the answer already, returned as is.
+        """
+        raise NotImplementedError
+
+    def claim(
+        self,
+        key: CallKey,
+        *,
+        tool_name: str,
+        args_digest: str,
+        owner: str,
+        now: dt.datetime,
+        lease_expires_at: dt.datetime,
+    ) -> ClaimResult:
+        step = self.ops.claim(
+            key, tool_name=tool_name, args_digest=args_digest, owner=owner, now=now, lease_expires_at=lease_expires_at
+        )
+        result: ClaimResult = self.run(step)
+        return result
+
+    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
+        result: Record | None = self.run(
+            self.ops.takeover(record, owner=owner, now=now, lease_expires_at=lease_expires_at)
+        )
+        return result
+
+    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
+        return bool(self.run(self.ops.complete(key, owner=owner, status=status, result=result, now=now)))
+
+    def release(self, key: CallKey, *, owner: str) -> bool:
+        return bool(self.run(self.ops.release(key, owner=owner)))
+
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
+        return bool(self.run(self.ops.renew(key, owner=owner, lease_expires_at=lease_expires_at)))
+
+    def get(self, key: CallKey) -> Record | None:
+        result: Record | None = self.run(self.ops.get(key))
+        return result
 
     def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
-        by_digest = {key_digest(*key): key for key in keys}
-        if not by_digest:
-            return {}
-        statement = sa.select(self.table).where(self.table.c.call_key.in_(list(by_digest)), self._live(utcnow()))
-        with self.engine.connect() as conn:
-            records = [row_to_record(row) for row in conn.execute(statement)]
-        return {record.key: record for record in records}
+        result: dict[CallKey, Record] = self.run(self.ops.get_many(keys))
+        return result
 
     def delete(self, key: CallKey) -> bool:
-        with self.engine.connect() as conn:
-            return bool(conn.execute(sa.delete(self.table).where(self._where_key(key))).rowcount == 1)
+        return bool(self.run(self.ops.delete(key)))
 
     def purge_thread(self, thread_id: str) -> int:
-        with self.engine.connect() as conn:
-            return int(conn.execute(sa.delete(self.table).where(self.table.c.thread_id == thread_id)).rowcount)
+        return int(self.run(self.ops.purge_thread(thread_id)))
 
     def purge_expired(self, *, batch_size: int = 1000, dry_run: bool = False) -> int:
         """Delete the records whose ttl ran out, ``batch_size`` per statement; returns how many.
@@ -238,33 +452,11 @@ class SqlLedger(LedgerBase):
         Expired records already count as absent; this only reclaims their space.
         ``dry_run`` only counts them.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
-        now = utcnow()
-        expired = self.table.c.expires_at <= now
-        if dry_run:
-            with self.engine.connect() as conn:
-                return int(conn.execute(sa.select(sa.func.count()).select_from(self.table).where(expired)).scalar_one())
-        batch = sa.select(self.table.c.call_key).where(expired).limit(batch_size).scalar_subquery()
-        # ``expired`` again on the DELETE itself: a claim may have replaced the
-        # row since the subquery read it, and the new record must stay.
-        statement = sa.delete(self.table).where(self.table.c.call_key.in_(batch), expired)
-        total = 0
-        while True:
-            with self.engine.connect() as conn:
-                deleted = int(conn.execute(statement).rowcount)
-            total += deleted
-            if deleted < batch_size:
-                return total
+        return int(self.run(self.ops.purge_expired(batch_size, dry_run)))
 
     def records(self, *, thread_id: str | None = None) -> Iterator[Record]:
-        statement = sa.select(self.table).where(self._live(utcnow()))
-        if thread_id is not None:
-            statement = statement.where(self.table.c.thread_id == thread_id)
-        statement = statement.order_by(self.table.c.created_at, self.table.c.call_key)
-        with self.engine.connect() as conn:
-            rows = conn.execute(statement).fetchall()
-        return iter([row_to_record(row) for row in rows])
+        result: Iterator[Record] = self.run(self.ops.records(thread_id))
+        return result
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

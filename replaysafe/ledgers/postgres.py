@@ -1,10 +1,11 @@
 """``PostgresLedger``: the ledger many workers and hosts share, in one PostgreSQL table.
 
-SQLAlchemy owns the engine, the pool, the URL and the DDL. The protocol's
-statements are plain SQL run on the pooled psycopg connection itself: a miss is
-one claim-or-get statement plus one ``UPDATE``, a hit the one statement, each in
-autocommit (no ``BEGIN``/``COMMIT`` round trips, no table lock). ``.aio`` runs
-the same statements on psycopg's async connections, so no call blocks the loop.
+SQLAlchemy makes the schema and accepts an application's ``Engine``. The
+protocol's statements (built once in ``_sql``) run on psycopg connections the
+ledger holds: a miss is one claim-or-get statement plus one ``UPDATE``, a hit the
+one statement, each in autocommit (no ``BEGIN``/``COMMIT`` round trips, no table
+lock) and prepared on the server unless ``prepare=False``. ``.aio`` runs the same
+steps on psycopg's async connections, so no call blocks the loop.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import math
 import re
 import select
 import sys
+import threading
 import typing
 import weakref
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -29,16 +31,13 @@ from psycopg.pq import TransactionStatus
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
-from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.schema import CreateIndex, CreateSchema, CreateTable
 
-from .._clock import utcnow
 from .._constants import TABLE_NAME
-from .._identity import key_digest
-from .._records import CallKey, ClaimResult, Record, Status, expires_at
+from .._records import CallKey, ClaimResult, Record
 from ._options import io_timeouts, split_url_options
 from ._protocol import TRANSIENT_FIX, AsyncLedger, LedgerFault, RetryPolicy, SigningKey
-from ._sql import SqlLedger
+from ._sql import CLAIM_ROW, INSERT_COLUMNS, RECORD_COLUMNS, Dialect, Operations, SqlLedger, Step
 from ._watchdog import watchdog
 
 if TYPE_CHECKING:
@@ -46,125 +45,12 @@ if TYPE_CHECKING:
 
 _DRIVER = "postgresql+psycopg"
 _DIALECT: sa.Dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
-#: Connections one event loop may hold at once; more callers wait for one.
-_ASYNC_POOL_SIZE = 10
-#: Seconds a caller waits for a free async connection (then a transient error).
-_ASYNC_POOL_TIMEOUT = 30.0
+#: Connections a ledger (and each event loop) holds at most by default; more callers wait for one.
+_POOL_SIZE = 10
+#: Seconds a caller waits for a free connection when all are in use (then a transient error).
+_POOL_TIMEOUT = 30.0
 #: Serialises schema creation across every worker that starts at once.
 _DDL_LOCK = int.from_bytes(hashlib.sha256(b"replaysafe.ledgers.postgres ddl").digest()[:8], "big", signed=True)
-
-# The columns a ``Record`` is read from, in this order (see ``_record``).
-_RECORD_COLUMNS = (
-    "tool_name, args_digest, status, result, owner, attempt, created_at, updated_at, lease_expires_at, expires_at"
-)
-
-
-def _sql(table: str) -> dict[str, str]:
-    """The protocol's statements for one (quoted, validated) table name; values are always parameters."""
-    live = "(expires_at IS NULL OR expires_at > %(now)s)"
-    return {
-        # One statement, one round trip. A live record is read without writing or
-        # locking anything (a hit stays a plain read). Otherwise the INSERT claims
-        # the key, or replaces a record whose ttl ran out. When another worker's
-        # INSERT commits after this statement's snapshot, neither branch returns a
-        # row: the caller runs the statement again and then sees that record.
-        "claim": f"""
-            WITH found AS (
-                SELECT {_RECORD_COLUMNS} FROM {table} WHERE call_key = %(call_key)s AND {live}
-            ), claimed AS (
-                INSERT INTO {table} AS t (
-                    call_key, thread_id, message_id, tool_call_id, tool_name, args_digest, status, result,
-                    owner, attempt, created_at, updated_at, lease_expires_at, expires_at)
-                SELECT %(call_key)s, %(thread_id)s, %(message_id)s, %(tool_call_id)s, %(tool_name)s,
-                    %(args_digest)s, 'running', NULL::text, %(owner)s, 1, %(now)s, %(now)s, %(lease_expires_at)s,
-                    NULL::timestamptz
-                WHERE NOT EXISTS (SELECT FROM found)
-                ON CONFLICT (call_key) DO UPDATE SET
-                    thread_id = excluded.thread_id, message_id = excluded.message_id,
-                    tool_call_id = excluded.tool_call_id, tool_name = excluded.tool_name,
-                    args_digest = excluded.args_digest, status = excluded.status, result = excluded.result,
-                    owner = excluded.owner, attempt = excluded.attempt, created_at = excluded.created_at,
-                    updated_at = excluded.updated_at, lease_expires_at = excluded.lease_expires_at,
-                    expires_at = excluded.expires_at
-                WHERE t.expires_at <= %(now)s
-                RETURNING {_RECORD_COLUMNS}
-            )
-            SELECT true, {_RECORD_COLUMNS} FROM claimed
-            UNION ALL
-            SELECT false, {_RECORD_COLUMNS} FROM found""",
-        "takeover": f"""
-            UPDATE {table} SET status = 'running', result = NULL, owner = %(new_owner)s, attempt = attempt + 1,
-                updated_at = %(now)s, lease_expires_at = %(lease_expires_at)s, expires_at = NULL
-            WHERE call_key = %(call_key)s AND owner = %(owner)s AND attempt = %(attempt)s AND status = %(status)s""",
-        # Fenced: only the claim's owner finishes it. Its own finished record matches
-        # too, so a write tried again after a lost answer succeeds.
-        "complete": f"""
-            UPDATE {table} SET status = %(status)s, result = %(result)s, updated_at = %(now)s,
-                expires_at = %(expires_at)s
-            WHERE call_key = %(call_key)s AND owner = %(owner)s AND status IN ('running', %(status)s)""",
-        "release": f"""
-            DELETE FROM {table} WHERE call_key = %(call_key)s AND owner = %(owner)s AND status = 'running'""",
-        # Fenced like complete: a lost or finished claim is left as it is.
-        "renew": f"""
-            UPDATE {table} SET lease_expires_at = %(lease_expires_at)s
-            WHERE call_key = %(call_key)s AND owner = %(owner)s AND status = 'running'""",
-        "get": f"SELECT {_RECORD_COLUMNS} FROM {table} WHERE call_key = %(call_key)s AND {live}",
-        "get_many": f"SELECT call_key, {_RECORD_COLUMNS} FROM {table} WHERE call_key = ANY(%(call_keys)s) AND {live}",
-    }
-
-
-def _utc(value: dt.datetime) -> dt.datetime:
-    return value.astimezone(dt.timezone.utc)
-
-
-def _record(key: CallKey, row: Sequence[Any]) -> Record:
-    """A ``Record`` from a row of ``_RECORD_COLUMNS``."""
-    return Record(
-        key=key,
-        tool_name=row[0],
-        args_digest=row[1],
-        status=Status(row[2]),
-        result=row[3],
-        owner=row[4],
-        attempt=row[5],
-        created_at=_utc(row[6]),
-        updated_at=_utc(row[7]),
-        lease_expires_at=_utc(row[8]),
-        expires_at=_utc(row[9]) if row[9] is not None else None,
-    )
-
-
-def _params(key: CallKey, **values: Any) -> dict[str, Any]:
-    return {"call_key": key_digest(*key), **values}
-
-
-def _claim_params(
-    key: CallKey, tool_name: str, args_digest: str, owner: str, now: dt.datetime, lease_expires_at: dt.datetime
-) -> dict[str, Any]:
-    thread_id, message_id, tool_call_id = key
-    return _params(
-        key,
-        thread_id=thread_id,
-        message_id=message_id,
-        tool_call_id=tool_call_id,
-        tool_name=tool_name,
-        args_digest=args_digest,
-        owner=owner,
-        now=now,
-        lease_expires_at=lease_expires_at,
-    )
-
-
-def _takeover_params(record: Record, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> dict[str, Any]:
-    return _params(
-        record.key,
-        new_owner=owner,
-        owner=record.owner,
-        attempt=record.attempt,
-        status=record.status.value,
-        now=now,
-        lease_expires_at=lease_expires_at,
-    )
 
 
 def _has_input(fileno: int) -> bool:
@@ -204,6 +90,15 @@ def _psycopg_url(url: str | sa.URL) -> sa.URL:
     return parsed
 
 
+def _flag(text: str) -> bool:
+    """A yes/no URL option."""
+    value = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+    try:
+        return value[text.lower()]
+    except KeyError:
+        raise ValueError(text) from None
+
+
 # The ledger's own URL options; libpq's (sslmode, application_name, ...) stay in the URL.
 # ``connect_timeout`` is both: the ledger reads it and hands it to libpq.
 _LEDGER_OPTIONS: dict[str, Any] = {
@@ -212,6 +107,7 @@ _LEDGER_OPTIONS: dict[str, Any] = {
     "ttl": float,
     "connect_timeout": float,
     "io_timeout": float,
+    "prepare": _flag,
 }
 _LIBPQ_OPTIONS = frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults())
 #: Seconds the client waits past ``statement_timeout`` before it cuts a connection
@@ -330,6 +226,13 @@ class PostgresLedger(SqlLedger):
     connection, and a statement with no answer ``io_timeout`` + 1 s after it started
     has its connection cut, so a stalled server gives a ``LedgerError``. An engine
     passed in keeps its own connection settings; the last bound applies to it too.
+
+    The ledger holds up to ``pool_size`` connections of its own (per event loop for
+    ``.aio``); with an ``Engine`` passed in it takes that engine's connections from its
+    pool instead. ``prepare=True`` (the default) prepares each statement on a
+    connection once: leave it on unless a pooler in transaction mode without
+    prepared-statement support sits in between (PgBouncer before 1.21, or with
+    ``max_prepared_statements=0``), then pass ``prepare=False``.
     """
 
     transient_errors: tuple[type[BaseException], ...] = (
@@ -347,6 +250,8 @@ class PostgresLedger(SqlLedger):
         create_schema: bool = True,
         connect_timeout: float | None = None,
         io_timeout: float | None = None,
+        prepare: bool | None = None,
+        pool_size: int = _POOL_SIZE,
         retry: RetryPolicy | None = None,
         signing_key: SigningKey | None = None,
     ) -> None:
@@ -358,6 +263,12 @@ class PostgresLedger(SqlLedger):
             ttl = ttl if ttl is not None else from_url.get("ttl")
             connect_timeout = connect_timeout if connect_timeout is not None else from_url.get("connect_timeout")
             io_timeout = io_timeout if io_timeout is not None else from_url.get("io_timeout")
+            prepare = prepare if prepare is not None else from_url.get("prepare")
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
+            raise ValueError(f"pool_size must be a positive number of connections, got {pool_size!r}")
+        #: Whether statements are prepared on the server (see the class docstring).
+        self.prepare = True if prepare is None else bool(prepare)
+        self.pool_size = pool_size
         self.connect_timeout, self.io_timeout = io_timeouts(connect_timeout, io_timeout)
         engine: Engine | None = None
         self._async_engine: AsyncEngine | None = None
@@ -389,7 +300,10 @@ class PostgresLedger(SqlLedger):
             retry=retry,
             signing_key=signing_key,
         )
-        self._statements = _sql(self._quoted_table())
+        self.ops = PostgresOperations(self._quoted_table(), self.ttl)
+        self._pool = _Pool(self._connect, pool_size)
+        # Pools a forked child inherited: kept, never used or closed (they hold the parent's sockets).
+        self._orphans: list[Any] = []
         self._aio_pg: _AsyncPostgresLedger | None = None
 
     def __repr__(self) -> str:
@@ -402,22 +316,14 @@ class PostgresLedger(SqlLedger):
     # --- engine, schema and connections --------------------------------------------
 
     def _create_engine(self) -> Engine:
-        # Autocommit: each protocol statement is its own transaction, with no
-        # BEGIN/COMMIT round trips around it. No pre-ping either (a round trip per
-        # checkout): dead connections are found by _usable() instead.
+        # Only the DDL runs on it, once: no pool to keep (the statements run on self._pool).
         engine = sa.create_engine(
             self._url,  # type: ignore[arg-type]
-            isolation_level="AUTOCOMMIT",
+            poolclass=sa.pool.NullPool,
             connect_args=self._connect_params(),
         )
 
-        @sa.event.listens_for(engine, "checkout")
-        def _discard_dead(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-            if not _usable(dbapi_connection):
-                raise sa_exc.DisconnectionError("the server closed this pooled connection")  # the pool reconnects
-
-        # The statements SQLAlchemy runs (DDL, records(), delete(), purges) get the
-        # same client-side bound as the protocol's own (see _cursor).
+        # The DDL gets the same client-side bound as the protocol's statements (see run).
         @sa.event.listens_for(engine, "before_cursor_execute")
         def _arm(conn: Any, _cursor: Any, _statement: Any, _params: Any, _context: Any, _many: Any) -> None:
             fileno = conn.connection.driver_connection.fileno()
@@ -494,53 +400,70 @@ class PostgresLedger(SqlLedger):
         dialect = dialect or _DIALECT
         return [str(element.compile(dialect=dialect)).strip() for element in self._ddl_elements()]
 
-    def _checkout(self) -> PoolProxiedConnection:
-        """A pooled connection for the protocol's statements.
+    # --- connections and the runners ---------------------------------------------------
 
-        An engine of our own discards dead connections at checkout (see
-        ``_create_engine``); a shared engine's pool is checked here.
-        """
+    def _connect_args(self) -> tuple[list[Any], dict[str, Any]]:
+        """How to open a connection like the engine's (the ledger's own bounds, unless the engine is shared)."""
+        url = self._engine.url if self._engine is not None else self._url
+        cargs, cparams = _DIALECT.create_connect_args(url)  # type: ignore[arg-type]
+        ours = self._connect_params() if self._owns_engine else {}  # a shared engine's are its own
+        params = {**cparams, **ours, "autocommit": True}
+        if not self.prepare:
+            params["prepare_threshold"] = None  # psycopg prepares a statement used 5 times otherwise
+        return list(cargs), params
+
+    def _connect(self) -> tuple[psycopg.Connection[Any], Any]:
+        """A connection for ``_pool``: a new one of the ledger's own, or the shared engine's, checked out."""
+        if not self._schema_ready:
+            _ = self.engine  # the schema first, once
+        if self._owns_engine:
+            cargs, params = self._connect_args()
+            return psycopg.Connection.connect(*cargs, **params), None
+        # A shared engine's pool: dead connections (a server restart) are discarded here.
         for _ in range(16):
             fairy = self.engine.raw_connection()
-            if self._owns_engine or _usable(fairy.driver_connection):  # type: ignore[arg-type]
-                return fairy
-            fairy.invalidate()  # dead since a server restart: discard it, take the next
-        return self.engine.raw_connection()
-
-    @contextlib.contextmanager
-    def _cursor(self) -> Iterator[psycopg.Cursor[Any]]:
-        fairy = self._checkout()
+            if _usable(fairy.driver_connection):  # type: ignore[arg-type]
+                break
+            fairy.invalidate()
         conn: psycopg.Connection[Any] = fairy.driver_connection  # type: ignore[assignment]
-        # A shared engine may not be in autocommit: switch it for our statement
-        # (a local setting, no round trip) and back before the pool gets it again.
-        restore = not conn.autocommit
+        # It may not be in autocommit: switch it for our statements (a local setting, no
+        # round trip) and back before its pool gets it again (see _Pool.put).
+        if not conn.autocommit:
+            conn.autocommit = True
+            return conn, (fairy, True)
+        return conn, (fairy, False)
+
+    def run(self, step: Step | Any) -> Any:
+        if type(step) is not Step:
+            return step
+        conn, held = self._pool.get()
         try:
-            if restore:
-                conn.autocommit = True
-            with watchdog.guard(conn.fileno(), self._cut_after) as deadline, conn.cursor() as cursor:
+            with watchdog.guard(conn.fileno(), self._cut_after) as deadline:
                 try:
-                    yield cursor
+                    while True:
+                        cursor = conn.execute(step.statement, step.params, prepare=self.prepare and step.prepare)
+                        rows = cursor.fetchall() if cursor.description is not None else None
+                        step = step.read(rows, cursor.rowcount)
+                        if type(step) is not Step:
+                            return step
                 except psycopg.Error as exc:
                     if deadline.expired:
                         raise TimeoutError(self._no_answer()) from exc
                     raise
-        except (psycopg.Error, TimeoutError) as exc:
-            if conn.closed:
-                restore = False
-                fairy.invalidate(exc)  # never hand a broken connection out again
-            raise
         finally:
-            if restore and not conn.closed:
-                conn.autocommit = False
-            fairy.close()
+            self._pool.put(conn, held)
 
     def _forget_parent_connections(self) -> None:
         super()._forget_parent_connections()
+        self._orphans.append(self._pool)
+        self._pool = _Pool(self._connect, self.pool_size)
         if self._aio_pg is not None:
             self._aio_pg._forget_parent_connections()
 
     def close(self) -> None:
         """Close the connections this ledger opened; a shared engine is left as it is."""
+        self._pool.close()
+        self._pool = _Pool(self._connect, self.pool_size)  # it reopens lazily if used again
         if self._aio_pg is not None:
             self._aio_pg.close()
         super().close()
@@ -554,13 +477,30 @@ class PostgresLedger(SqlLedger):
     ) -> None:
         await self.aclose()
 
-    # --- the protocol ----------------------------------------------------------------
-
     @property
     def aio(self) -> AsyncLedger:
         if self._aio_pg is None:
             self._aio_pg = _AsyncPostgresLedger(self)
         return self._aio_pg
+
+
+class PostgresOperations(Operations):
+    """The shared operations, and a claim that reads or writes in one statement (one round trip)."""
+
+    def __init__(self, table: str, ttl: dt.timedelta | None) -> None:
+        super().__init__(table, _SQL_DIALECT, ttl)
+        nulls = ", ".join(["NULL"] * len(RECORD_COLUMNS.split(", ")))
+        # A live record is read without writing or locking anything (a hit stays a
+        # plain read). Otherwise the INSERT claims the key, or replaces a record whose
+        # ttl ran out. When another worker's INSERT commits after this statement's
+        # snapshot, neither branch returns a row: the claim runs again and then sees it.
+        self._claim = self.sql(
+            f"WITH found AS (SELECT {RECORD_COLUMNS} FROM {table} "
+            "WHERE call_key = ? AND (expires_at IS NULL OR expires_at > ?)), "
+            f"claimed AS (INSERT INTO {table} AS t ({INSERT_COLUMNS}) SELECT {CLAIM_ROW} "
+            f"WHERE NOT EXISTS (SELECT FROM found) {self.upsert_tail} RETURNING 1) "
+            f"SELECT false, {RECORD_COLUMNS} FROM found UNION ALL SELECT true, {nulls} FROM claimed"
+        )
 
     def claim(
         self,
@@ -571,158 +511,202 @@ class PostgresLedger(SqlLedger):
         owner: str,
         now: dt.datetime,
         lease_expires_at: dt.datetime,
-    ) -> ClaimResult:
-        params = _claim_params(key, tool_name, args_digest, owner, now, lease_expires_at)
-        with self._cursor() as cursor:
-            while True:
-                row = cursor.execute(self._statements["claim"], params).fetchone()
-                if row is not None:
-                    return ClaimResult(_record(key, row[1:]), bool(row[0]))
+    ) -> Step:
+        params = self.claim_params(key, tool_name, args_digest, owner, now, lease_expires_at)
 
-    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
-        with self._cursor() as cursor:
-            cursor.execute(self._statements["takeover"], _takeover_params(record, owner, now, lease_expires_at))
-            if cursor.rowcount != 1:
-                return None
-        return record.taken_over_by(owner, now, lease_expires_at)
+        def read(rows: Any, count: int) -> ClaimResult | Step:
+            if not rows:
+                return step  # a concurrent claim committed after our snapshot: look again
+            row = rows[0]
+            if row[0]:
+                return ClaimResult(Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at), True)
+            return ClaimResult(self.record(key, row[1:]), False)
 
-    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
-        with self._cursor() as cursor:
-            cursor.execute(self._statements["complete"], self._complete_params(key, owner, status, result, now))
-            return cursor.rowcount == 1
-
-    def _complete_params(
-        self, key: CallKey, owner: str, status: Status, result: str | None, now: dt.datetime
-    ) -> dict[str, Any]:
-        expiry = expires_at(status, now, self.ttl)
-        return _params(key, owner=owner, status=status.value, result=result, now=now, expires_at=expiry)
-
-    def release(self, key: CallKey, *, owner: str) -> bool:
-        with self._cursor() as cursor:
-            cursor.execute(self._statements["release"], _params(key, owner=owner))
-            return cursor.rowcount == 1
-
-    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
-        with self._cursor() as cursor:
-            cursor.execute(self._statements["renew"], _params(key, owner=owner, lease_expires_at=lease_expires_at))
-            return cursor.rowcount == 1
-
-    def get(self, key: CallKey) -> Record | None:
-        with self._cursor() as cursor:
-            row = cursor.execute(self._statements["get"], _params(key, now=utcnow())).fetchone()
-        return _record(key, row) if row is not None else None
-
-    def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
-        by_digest = {key_digest(*key): key for key in keys}
-        if not by_digest:
-            return {}
-        with self._cursor() as cursor:
-            rows = cursor.execute(
-                self._statements["get_many"], {"call_keys": list(by_digest), "now": utcnow()}
-            ).fetchall()
-        return {by_digest[row[0]]: _record(by_digest[row[0]], row[1:]) for row in rows}
+        step = Step(self._claim, (params[0], now, *params, now), read)
+        return step
 
 
-class _AsyncPool:
-    """psycopg async connections for one event loop: at most ``size`` at once, idle ones kept."""
+def _same(value: Any) -> Any:
+    return value
 
-    def __init__(self, connect: Any, size: int) -> None:
-        self._connect = connect
-        self._idle: list[psycopg.AsyncConnection[Any]] = []
-        self._slots = asyncio.Semaphore(size)
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    return None if value is None else value.astimezone(dt.timezone.utc)
+
+
+_SQL_DIALECT = Dialect(
+    placeholder="%s", encode_time=_same, decode_time=_utc, key_in_list="call_key = ANY(%s)", encode_keys=_same
+)
+
+#: A connection a pool gave out, and what its pool needs back with it.
+Held = tuple[Any, Any]
+
+
+class _Idle:
+    """Idle connections, newest first, and whether one coming back is fit to keep.
+
+    What the sync and the async pool share: taking and returning never waits, so a
+    call on the hot path pays a list pop, an append and one zero-timeout poll.
+    """
+
+    def __init__(self) -> None:
+        self._conns: list[Held] = []  # list.pop and .append are atomic: no lock
         self.closed = False
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        try:
-            await asyncio.wait_for(self._slots.acquire(), _ASYNC_POOL_TIMEOUT)
-        except asyncio.TimeoutError:
-            raise sa_exc.TimeoutError(
-                f"no PostgreSQL connection free after {_ASYNC_POOL_TIMEOUT:g}s ({_ASYNC_POOL_SIZE} in use on "
-                "this event loop): fewer concurrent protected calls, or check for a stuck query"
-            ) from None
-        conn: psycopg.AsyncConnection[Any] | None = None
-        try:
-            while self._idle and conn is None:
-                conn = self._idle.pop()
-                if not _usable(conn):
-                    await conn.close()  # dead since a server restart
-                    conn = None
-            if conn is None:
-                conn = await self._connect()
-            yield conn
-        finally:
-            if conn is not None:
-                if self.closed or not _usable(conn):
-                    await conn.close()
-                else:
-                    self._idle.append(conn)
-            self._slots.release()
+    def take(self) -> Held | None:
+        while True:
+            try:
+                held = self._conns.pop()
+            except IndexError:
+                return None
+            if _usable(held[0]):
+                return held
+            conn = held[0]
+            conn.pgconn.finish()  # dead since a server restart (or cut): drop it, take the next
+
+    def keep(self, conn: Any, held: Any) -> None:
+        """Keep a returned connection, or let it go: broken ones, and any once the pool is closed."""
+        if held is not None:  # a shared engine's: back to its own pool, as it was given
+            fairy, restore = held
+            if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+                fairy.invalidate()  # never hand a broken connection out again
+                return
+            if restore:
+                conn.autocommit = False
+            fairy.close()
+        elif self.closed or conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.pgconn.finish()  # closes without waiting on a loop (an async one too)
+        else:
+            self._conns.append((conn, None))
 
     def close(self) -> None:
         self.closed = True
-        while self._idle:
-            # A psycopg connection closes without waiting on the loop, so this
-            # works even when the loop that opened it has ended.
-            conn = self._idle.pop()
+        while self._conns:
+            conn = self._conns.pop()[0]  # held by a name: a temporary would be freed (and warn) before finish()
             conn.pgconn.finish()
 
 
-class _AsyncPostgresLedger:
-    """``PostgresLedger.aio``: the same statements on psycopg's async connections.
+def _no_free_connection(size: int) -> TimeoutError:
+    return TimeoutError(
+        f"no PostgreSQL connection free after {_POOL_TIMEOUT:g}s ({size} in use): fewer concurrent protected "
+        "calls, a larger pool_size, or check for a stuck query"
+    )
 
-    Built from a URL or ``Engine``, it keeps a small pool of its own per event loop,
+
+class _Pool(_Idle):
+    """The sync connections a ledger holds: at most ``size`` out at once."""
+
+    def __init__(self, connect: Callable[[], Held], size: int) -> None:
+        super().__init__()
+        self._connect = connect
+        self._size = size
+        self._slots = threading.BoundedSemaphore(size)
+
+    def get(self) -> Held:
+        if not self._slots.acquire(timeout=_POOL_TIMEOUT):
+            raise _no_free_connection(self._size)
+        try:
+            return self.take() or self._connect()
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def put(self, conn: Any, held: Any) -> None:
+        try:
+            self.keep(conn, held)
+        finally:
+            self._slots.release()
+
+
+class _AsyncPool(_Idle):
+    """The async connections of one event loop: at most ``size`` out at once."""
+
+    def __init__(self, connect: Callable[[], Awaitable[Held]], size: int) -> None:
+        super().__init__()
+        self._connect = connect
+        self._size = size
+        self._slots = asyncio.Semaphore(size)
+
+    async def get(self) -> Held:
+        if self._slots.locked():
+            # All out: wait, bounded. Only here a timer Task is made, not on every checkout.
+            try:
+                await asyncio.wait_for(self._slots.acquire(), _POOL_TIMEOUT)
+            except asyncio.TimeoutError:
+                raise _no_free_connection(self._size) from None
+        else:
+            await self._slots.acquire()  # free: returns at once
+        try:
+            return self.take() or await self._connect()
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def put(self, conn: Any, held: Any) -> None:
+        try:
+            self.keep(conn, held)
+        finally:
+            self._slots.release()
+
+
+class _AsyncPostgresLedger:
+    """``PostgresLedger.aio``: the same steps on psycopg's async connections.
+
+    Built from a URL or ``Engine``, it holds a small pool of its own per event loop,
     connecting with the engine's URL (``connect_args`` given to ``create_engine``
     are not seen). Built from an ``AsyncEngine``, it borrows that engine's pool.
     """
 
     def __init__(self, ledger: PostgresLedger) -> None:
         self._ledger = ledger
-        self._statements = ledger._statements
+        self._ops = ledger.ops
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncPool] = weakref.WeakKeyDictionary()
-        # Pools a forked child inherited: kept, never used or closed (the parent's sockets).
-        self._orphans: list[_AsyncPool] = []
 
-    async def _ready(self) -> None:
-        if not self._ledger._schema_ready:
-            # The sync engine creates the schema once, in a worker thread.
-            await asyncio.to_thread(lambda: self._ledger.engine)
-
-    @contextlib.asynccontextmanager
-    async def _cursor(self) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
-        await self._ready()
-        async with self._connection() as conn:
-            with watchdog.guard(conn.fileno(), self._ledger._cut_after) as deadline:
-                try:
-                    async with conn.cursor() as cursor:
-                        yield cursor
-                except psycopg.Error as exc:
-                    if deadline.expired:
-                        raise TimeoutError(self._ledger._no_answer()) from exc
-                    raise
-
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        if self._ledger._async_engine is not None:
+    async def run(self, step: Step | Any) -> Any:
+        """``PostgresLedger.run`` for async code."""
+        if type(step) is not Step:
+            return step
+        ledger = self._ledger
+        if not ledger._schema_ready:
+            await asyncio.to_thread(lambda: ledger.engine)  # the sync engine makes the schema once
+        if ledger._async_engine is not None:
             async with self._borrowed() as conn:
-                yield conn
-            return
+                return await self._steps(conn, step)
+        pool = self._pool()
+        conn, held = await pool.get()
+        try:
+            return await self._steps(conn, step)
+        finally:
+            pool.put(conn, held)
+
+    async def _steps(self, conn: psycopg.AsyncConnection[Any], step: Step) -> Any:
+        prepare = self._ledger.prepare
+        with watchdog.guard(conn.fileno(), self._ledger._cut_after) as deadline:
+            try:
+                while True:
+                    cursor = await conn.execute(step.statement, step.params, prepare=prepare and step.prepare)
+                    rows = await cursor.fetchall() if cursor.description is not None else None
+                    step = step.read(rows, cursor.rowcount)
+                    if type(step) is not Step:
+                        return step
+            except psycopg.Error as exc:
+                if deadline.expired:
+                    raise TimeoutError(self._ledger._no_answer()) from exc
+                raise
+
+    def _pool(self) -> _AsyncPool:
         loop = asyncio.get_running_loop()
         pool = self._pools.get(loop)
         if pool is None or pool.closed:
-            pool = self._pools[loop] = _AsyncPool(self._connect, _ASYNC_POOL_SIZE)
+            pool = self._pools[loop] = _AsyncPool(self._connect, self._ledger.pool_size)
             # When the loop is gone, so is the pool's use: close its connections then
             # (the finalizer's reference keeps the pool alive until it has).
             weakref.finalize(loop, pool.close)
-        async with pool.connection() as conn:
-            yield conn
+        return pool
 
-    async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        engine = self._ledger.engine
-        cargs, cparams = engine.dialect.create_connect_args(engine.url)
-        ours = self._ledger._connect_params() if self._ledger._owns_engine else {}  # a shared engine's are its own
-        params = {**cparams, **ours, "autocommit": True}
-        return await psycopg.AsyncConnection.connect(*cargs, **params)
+    async def _connect(self) -> Held:
+        cargs, params = self._ledger._connect_args()
+        return await psycopg.AsyncConnection.connect(*cargs, **params), None
 
     @contextlib.asynccontextmanager
     async def _borrowed(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -755,64 +739,32 @@ class _AsyncPostgresLedger:
         self._pools.clear()
 
     def _forget_parent_connections(self) -> None:
-        self._orphans += self._pools.values()
+        self._ledger._orphans += self._pools.values()
         self._pools = weakref.WeakKeyDictionary()
 
-    async def claim(
-        self,
-        key: CallKey,
-        *,
-        tool_name: str,
-        args_digest: str,
-        owner: str,
-        now: dt.datetime,
-        lease_expires_at: dt.datetime,
-    ) -> ClaimResult:
-        params = _claim_params(key, tool_name, args_digest, owner, now, lease_expires_at)
-        async with self._cursor() as cursor:
-            while True:
-                await cursor.execute(self._statements["claim"], params)
-                row = await cursor.fetchone()
-                if row is not None:  # else: a concurrent claim committed after our snapshot, look again
-                    return ClaimResult(_record(key, row[1:]), bool(row[0]))
+    # The protocol: each operation is the ledger's step, run here.
 
-    async def takeover(
-        self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime
-    ) -> Record | None:
-        async with self._cursor() as cursor:
-            await cursor.execute(self._statements["takeover"], _takeover_params(record, owner, now, lease_expires_at))
-            if cursor.rowcount != 1:
-                return None
-        return record.taken_over_by(owner, now, lease_expires_at)
+    async def claim(self, key: CallKey, **arguments: Any) -> ClaimResult:
+        result: ClaimResult = await self.run(self._ops.claim(key, **arguments))
+        return result
 
-    async def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
-        params = self._ledger._complete_params(key, owner, status, result, now)
-        async with self._cursor() as cursor:
-            await cursor.execute(self._statements["complete"], params)
-            return cursor.rowcount == 1
+    async def takeover(self, record: Record, **arguments: Any) -> Record | None:
+        result: Record | None = await self.run(self._ops.takeover(record, **arguments))
+        return result
+
+    async def complete(self, key: CallKey, **arguments: Any) -> bool:
+        return bool(await self.run(self._ops.complete(key, **arguments)))
 
     async def release(self, key: CallKey, *, owner: str) -> bool:
-        async with self._cursor() as cursor:
-            await cursor.execute(self._statements["release"], _params(key, owner=owner))
-            return cursor.rowcount == 1
+        return bool(await self.run(self._ops.release(key, owner=owner)))
 
     async def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
-        params = _params(key, owner=owner, lease_expires_at=lease_expires_at)
-        async with self._cursor() as cursor:
-            await cursor.execute(self._statements["renew"], params)
-            return cursor.rowcount == 1
+        return bool(await self.run(self._ops.renew(key, owner=owner, lease_expires_at=lease_expires_at)))
 
     async def get(self, key: CallKey) -> Record | None:
-        async with self._cursor() as cursor:
-            await cursor.execute(self._statements["get"], _params(key, now=utcnow()))
-            row = await cursor.fetchone()
-        return _record(key, row) if row is not None else None
+        result: Record | None = await self.run(self._ops.get(key))
+        return result
 
     async def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
-        by_digest = {key_digest(*key): key for key in keys}
-        if not by_digest:
-            return {}
-        async with self._cursor() as cursor:
-            await cursor.execute(self._statements["get_many"], {"call_keys": list(by_digest), "now": utcnow()})
-            rows = await cursor.fetchall()
-        return {by_digest[row[0]]: _record(by_digest[row[0]], row[1:]) for row in rows}
+        result: dict[CallKey, Record] = await self.run(self._ops.get_many(keys))
+        return result

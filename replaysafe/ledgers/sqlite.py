@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import functools
+import json
 import os
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from .._clock import utcnow
 from .._constants import TABLE_NAME
-from .._identity import key_digest
-from .._records import CallKey, ClaimResult, Record, Status, expires_at
+from .._records import CallKey, ClaimResult, Record
 from ._options import split_url_options
 from ._protocol import TRANSIENT_FIX, LedgerFault, RetryPolicy, SigningKey
-from ._sql import _COLUMNS, SqlLedger
+from ._sql import CLAIM_ROW, INSERT_COLUMNS, KEYED_COLUMNS, Dialect, Operations, SqlLedger, Step
 
 _LEDGER_OPTIONS: dict[str, Any] = {"table": str, "ttl": float, "busy_timeout": float}
 # SQLite's primary result codes (the low byte of an extended one) that pass: a writer
@@ -83,6 +79,7 @@ class SqliteLedger(SqlLedger):
             retry=retry,
             signing_key=signing_key,
         )
+        self.ops = SqliteOperations(f'"{self.table.name}"', self.ttl)
 
     def __repr__(self) -> str:
         return f"SqliteLedger({str(self.path)!r})"
@@ -133,45 +130,36 @@ class SqliteLedger(SqlLedger):
 
         return engine
 
-    # --- the hot operations, as fixed SQL on the pooled sqlite3 connection --------------
-    # Building SQLAlchemy Core statements costs far more than SQLite takes to run them
-    # (hundreds of microseconds against a few). The text is fixed: values are bound as
-    # parameters, the table name is a validated identifier.
+    # --- running steps: on the pooled sqlite3 connection itself ------------------------
+    # SQLAlchemy Core would cost far more per statement than SQLite takes to run it.
 
-    @contextlib.contextmanager
-    def _cursor(self) -> Iterator[Any]:
+    def run(self, step: Step | Any) -> Any:
+        if type(step) is not Step:
+            return step
         connection = self.engine.raw_connection()
         try:
             cursor = connection.cursor()
             try:
-                yield cursor
+                while True:
+                    cursor.execute(step.statement, step.params)
+                    step = step.read(cursor.fetchall() if cursor.description is not None else None, cursor.rowcount)
+                    if type(step) is not Step:
+                        return step
             finally:
                 cursor.close()
         finally:
             connection.close()  # back to the pool
 
-    @functools.cached_property
-    def _sql(self) -> dict[str, str]:
-        table = f'"{self.table.name}"'
-        columns = ", ".join(("call_key", *_COLUMNS))
-        updates = ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS)
-        return {
-            # A record whose ttl ran out counts as absent: the claim replaces it atomically.
-            "claim": f"INSERT INTO {table} ({columns}) VALUES ({', '.join('?' * (len(_COLUMNS) + 1))}) "
-            f"ON CONFLICT (call_key) DO UPDATE SET {updates} WHERE {table}.expires_at <= ?",
-            "read": f"SELECT {', '.join(_COLUMNS)} FROM {table} WHERE call_key = ?",
-            "get": f"SELECT {', '.join(_COLUMNS)} FROM {table} WHERE call_key = ? "
-            "AND (expires_at IS NULL OR expires_at > ?)",
-            "takeover": f"UPDATE {table} SET status = 'running', result = NULL, owner = ?, attempt = attempt + 1, "
-            "updated_at = ?, lease_expires_at = ?, expires_at = NULL "
-            "WHERE call_key = ? AND owner = ? AND attempt = ? AND status = ?",
-            # Fenced: only the claim's owner finishes it; a write tried again after a lost answer matches too.
-            "complete": f"UPDATE {table} SET status = ?, result = ?, updated_at = ?, expires_at = ? "
-            "WHERE call_key = ? AND owner = ? AND status IN ('running', ?)",
-            "release": f"DELETE FROM {table} WHERE call_key = ? AND owner = ? AND status = 'running'",
-            # Fenced like complete: a lost or finished claim is left as it is.
-            "renew": f"UPDATE {table} SET lease_expires_at = ? WHERE call_key = ? AND owner = ? AND status = 'running'",
-        }
+
+class SqliteOperations(Operations):
+    """The shared operations, and a claim in two statements (SQLite has no data-modifying CTE)."""
+
+    def __init__(self, table: str, ttl: dt.timedelta | None) -> None:
+        super().__init__(table, _DIALECT, ttl)
+        self._claim = f"INSERT INTO {table} AS t ({INSERT_COLUMNS}) VALUES ({CLAIM_ROW}) {self.upsert_tail}"
+        # No ttl test: a live record kept the claim out, an expired one was replaced. The ids
+        # too: a row moved under another call's lookup key then shows as that (a local read).
+        self._read = f"SELECT {KEYED_COLUMNS} FROM {table} WHERE call_key = ?"
 
     def claim(
         self,
@@ -182,55 +170,21 @@ class SqliteLedger(SqlLedger):
         owner: str,
         now: dt.datetime,
         lease_expires_at: dt.datetime,
-    ) -> ClaimResult:
-        record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
-        digest = key_digest(*key)
-        stamp = _stamp(now)
-        values = (digest, *key, tool_name, args_digest, "running", None, owner, 1, stamp, stamp)
-        params = (*values, _stamp(lease_expires_at), None, stamp)
-        with self._cursor() as cursor:
-            while True:
-                if cursor.execute(self._sql["claim"], params).rowcount == 1:
-                    return ClaimResult(record, True)
-                row = cursor.execute(self._sql["read"], (digest,)).fetchone()
-                if row is not None:
-                    return ClaimResult(_record(row), False)
-                # Released between our insert and our read: claim again.
+    ) -> Step:
+        params = self.claim_params(key, tool_name, args_digest, owner, now, lease_expires_at)
 
-    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
-        params = (
-            owner,
-            _stamp(now),
-            _stamp(lease_expires_at),
-            key_digest(*record.key),
-            record.owner,
-            record.attempt,
-            record.status.value,
-        )
-        with self._cursor() as cursor:
-            if cursor.execute(self._sql["takeover"], params).rowcount != 1:
-                return None
-        return record.taken_over_by(owner, now, lease_expires_at)
+        def inserted(rows: Any, count: int) -> ClaimResult | Step:
+            if count == 1:
+                return ClaimResult(Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at), True)
+            return look
 
-    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
-        expiry = expires_at(status, now, self.ttl)
-        params = (status.value, result, _stamp(now), _stamp(expiry), key_digest(*key), owner, status.value)
-        with self._cursor() as cursor:
-            return bool(cursor.execute(self._sql["complete"], params).rowcount == 1)
+        def found(rows: Any, count: int) -> ClaimResult | Step:
+            # No row: released between our insert and our read, so claim again.
+            return ClaimResult(self.keyed_record(rows[0]), False) if rows else insert
 
-    def release(self, key: CallKey, *, owner: str) -> bool:
-        with self._cursor() as cursor:
-            return bool(cursor.execute(self._sql["release"], (key_digest(*key), owner)).rowcount == 1)
-
-    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
-        params = (_stamp(lease_expires_at), key_digest(*key), owner)
-        with self._cursor() as cursor:
-            return bool(cursor.execute(self._sql["renew"], params).rowcount == 1)
-
-    def get(self, key: CallKey) -> Record | None:
-        with self._cursor() as cursor:
-            row = cursor.execute(self._sql["get"], (key_digest(*key), _stamp(utcnow()))).fetchone()
-        return _record(row) if row is not None else None
+        insert = Step(self._claim, (*params, _stamp(now)), inserted)
+        look = Step(self._read, (params[0],), found)
+        return insert
 
 
 def _stamp(moment: dt.datetime | None) -> str | None:
@@ -245,20 +199,10 @@ def _time(text: str | None) -> dt.datetime | None:
     return None if text is None else dt.datetime.fromisoformat(text).replace(tzinfo=dt.timezone.utc)
 
 
-def _record(row: Any) -> Record:
-    """A record from a row of ``_COLUMNS``."""
-    thread_id, message_id, tool_call_id, tool_name, args_digest, status, result, owner, attempt = row[:9]
-    created_at, updated_at, lease_expires_at, expires_at = (_time(t) for t in row[9:13])
-    return Record(
-        CallKey(thread_id, message_id, tool_call_id),
-        tool_name,
-        args_digest,
-        Status(status),
-        result,
-        owner,
-        attempt,
-        created_at,  # type: ignore[arg-type]
-        updated_at,  # type: ignore[arg-type]
-        lease_expires_at,  # type: ignore[arg-type]
-        expires_at,
-    )
+_DIALECT = Dialect(
+    placeholder="?",
+    encode_time=_stamp,
+    decode_time=_time,
+    key_in_list="call_key IN (SELECT value FROM json_each(?))",
+    encode_keys=json.dumps,
+)

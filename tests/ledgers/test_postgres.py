@@ -17,6 +17,7 @@ from freezegun import freeze_time
 
 import replaysafe
 from replaysafe import CallKey, LedgerError, PostgresLedger, Status, replay_safe, tool_call
+from replaysafe.ledgers._sql import Step
 from replaysafe.ledgers.postgres import _psycopg_url
 
 from ..servers import libpq_url
@@ -321,3 +322,72 @@ def test_schema_names_are_isolated(postgres_server_url: str) -> None:
         with psycopg.connect(libpq_url(postgres_server_url), autocommit=True) as conn:
             for schema in schemas:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # type: ignore[call-overload]
+
+
+# --- prepared statements and the ledger's own connections ---------------------------------
+
+_PREPARED = Step("SELECT statement FROM pg_prepared_statements", (), lambda rows, count: [r[0] for r in rows], False)
+
+
+@pytest.mark.parametrize(
+    ("url_option", "prepared"), [("", True), ("prepare=false", False), ("prepare=true", True)], ids=str
+)
+async def test_hot_statements_are_prepared_unless_turned_off(
+    postgres_url: str, url_option: str, prepared: bool
+) -> None:
+    """Claim, complete and replay statements are prepared on the server by default; ``prepare=false``
+    (for a pooler in transaction mode) prepares nothing, not even past psycopg's own threshold."""
+    url = f"{postgres_url}&{url_option}" if url_option else postgres_url
+    async with PostgresLedger(url) as ledger:
+        runs: list[str] = []
+
+        @replay_safe(ledger=ledger)
+        def refund(order: str) -> str:
+            runs.append(order)
+            return f"refunded {order}"
+
+        @replay_safe(ledger=ledger)
+        async def arefund(order: str) -> str:
+            runs.append(order)
+            return f"refunded {order}"
+
+        for n in range(7):  # more than psycopg's prepare_threshold (5)
+            for _ in range(2):  # a first call, then its replay
+                with tool_call("t", f"m{n}", "c"):
+                    assert refund(str(n)) == f"refunded {n}"
+                async with tool_call("t", f"m{n}", "a"):
+                    assert await arefund(str(n)) == f"refunded {n}"
+        assert len(runs) == 14
+        for statements in (ledger.run(_PREPARED), await ledger.aio.run(_PREPARED)):  # type: ignore[attr-defined]
+            hot = [s for s in statements if "tool_executions" in s]
+            if prepared:
+                assert any(s.startswith("WITH found") for s in hot)  # the claim, which a replay is
+                assert any(s.startswith("UPDATE") and "SET status" in s for s in hot)  # complete
+            else:
+                assert hot == []
+
+
+def test_pool_size_bounds_the_connections_a_ledger_holds(postgres_url: str) -> None:
+    """Threads beyond ``pool_size`` wait for a connection; the ledger never holds more."""
+    with PostgresLedger(postgres_url, pool_size=2) as ledger:
+        barrier = threading.Barrier(6)
+        pids: set[int] = set()
+        backend_pid = Step("SELECT pg_backend_pid(), pg_sleep(0.05)", (), lambda rows, count: rows[0][0], False)
+
+        def work() -> None:
+            barrier.wait()
+            for _ in range(3):
+                pids.add(ledger.run(backend_pid))
+
+        threads = [threading.Thread(target=work) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert 1 <= len(pids) <= 2
+
+
+@pytest.mark.parametrize("size", [0, -1, 1.5, True])
+def test_pool_size_must_be_a_positive_count(postgres_url: str, size: object) -> None:
+    with pytest.raises(ValueError, match="pool_size must be a positive number of connections"):
+        PostgresLedger(postgres_url, pool_size=size)  # type: ignore[arg-type]
