@@ -213,27 +213,26 @@ class Operations:
         """A record from a row of ``KEYED_COLUMNS``."""
         return self.record(CallKey(row[0], row[1], row[2]), row[3:])
 
-    def claim_params(
-        self, key: CallKey, tool_name: str, args_digest: str, owner: str, now: dt.datetime, lease: dt.datetime
-    ) -> tuple[Any, ...]:
-        """The parameters of ``CLAIM_ROW``."""
-        stamp = self._time(now)
-        return (key_digest(*key), *key, tool_name, args_digest, owner, stamp, stamp, self._time(lease))
+    def claim_params(self, record: Record) -> tuple[Any, ...]:
+        """The parameters of ``CLAIM_ROW`` for a first claim's record."""
+        stamp = self._time(record.created_at)
+        ids = (key_digest(*record.key), *record.key)
+        return (
+            *ids,
+            record.tool_name,
+            record.args_digest,
+            record.owner,
+            stamp,
+            stamp,
+            self._time(record.lease_expires_at),
+        )
 
     # --- the operations ---------------------------------------------------------------
 
-    # Each takes the arguments of the ``Ledger`` method of its name.
+    # Each takes the arguments of the ``Ledger`` method of its name, but for ``claim``.
 
-    def claim(
-        self,
-        key: CallKey,
-        *,
-        tool_name: str,
-        args_digest: str,
-        owner: str,
-        now: dt.datetime,
-        lease_expires_at: dt.datetime,
-    ) -> Step:
+    def claim(self, record: Record) -> Step:
+        """Store ``record`` (a first claim's, see ``Record.claimed``) unless a live one is there."""
         raise NotImplementedError
 
     def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Step:
@@ -411,10 +410,8 @@ class SqlLedger(LedgerBase):
         now: dt.datetime,
         lease_expires_at: dt.datetime,
     ) -> ClaimResult:
-        step = self.ops.claim(
-            key, tool_name=tool_name, args_digest=args_digest, owner=owner, now=now, lease_expires_at=lease_expires_at
-        )
-        result: ClaimResult = self.run(step)
+        record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
+        result: ClaimResult = self.run(self.ops.claim(record))
         return result
 
     def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:

@@ -15,10 +15,10 @@ import contextlib
 import datetime as dt
 import hashlib
 import math
+import queue
 import re
 import select
 import sys
-import threading
 import typing
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ConnStatus, TransactionStatus
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
@@ -437,20 +437,20 @@ class PostgresLedger(SqlLedger):
         if type(step) is not Step:
             return step
         conn, held = self._pool.get()
+        token, deadline = watchdog.arm(conn.fileno(), self._cut_after)
         try:
-            with watchdog.guard(conn.fileno(), self._cut_after) as deadline:
-                try:
-                    while True:
-                        cursor = conn.execute(step.statement, step.params, prepare=self.prepare and step.prepare)
-                        rows = cursor.fetchall() if cursor.description is not None else None
-                        step = step.read(rows, cursor.rowcount)
-                        if type(step) is not Step:
-                            return step
-                except psycopg.Error as exc:
-                    if deadline.expired:
-                        raise TimeoutError(self._no_answer()) from exc
-                    raise
+            while True:
+                cursor = conn.execute(step.statement, step.params, prepare=self.prepare and step.prepare)
+                rows = cursor.fetchall() if cursor.description is not None else None
+                step = step.read(rows, cursor.rowcount)
+                if type(step) is not Step:
+                    return step
+        except psycopg.Error as exc:
+            if deadline.expired:
+                raise TimeoutError(self._no_answer()) from exc
+            raise
         finally:
+            watchdog.disarm(token)
             self._pool.put(conn, held)
 
     def _forget_parent_connections(self) -> None:
@@ -502,26 +502,16 @@ class PostgresOperations(Operations):
             f"SELECT false, {RECORD_COLUMNS} FROM found UNION ALL SELECT true, {nulls} FROM claimed"
         )
 
-    def claim(
-        self,
-        key: CallKey,
-        *,
-        tool_name: str,
-        args_digest: str,
-        owner: str,
-        now: dt.datetime,
-        lease_expires_at: dt.datetime,
-    ) -> Step:
-        params = self.claim_params(key, tool_name, args_digest, owner, now, lease_expires_at)
+    def claim(self, record: Record) -> Step:
+        params = self.claim_params(record)
 
         def read(rows: Any, count: int) -> ClaimResult | Step:
             if not rows:
                 return step  # a concurrent claim committed after our snapshot: look again
             row = rows[0]
-            if row[0]:
-                return ClaimResult(Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at), True)
-            return ClaimResult(self.record(key, row[1:]), False)
+            return ClaimResult(record, True) if row[0] else ClaimResult(self.record(record.key, row[1:]), False)
 
+        now = params[7]
         step = Step(self._claim, (params[0], now, *params, now), read)
         return step
 
@@ -540,6 +530,12 @@ _SQL_DIALECT = Dialect(
 
 #: A connection a pool gave out, and what its pool needs back with it.
 Held = tuple[Any, Any]
+
+
+def _idle(conn: Any) -> bool:
+    """Open and outside a transaction: fit to be used again (read off the libpq handle, no round trip)."""
+    pgconn = conn.pgconn
+    return bool(pgconn.status == ConnStatus.OK and pgconn.transaction_status == TransactionStatus.IDLE)
 
 
 class _Idle:
@@ -568,13 +564,13 @@ class _Idle:
         """Keep a returned connection, or let it go: broken ones, and any once the pool is closed."""
         if held is not None:  # a shared engine's: back to its own pool, as it was given
             fairy, restore = held
-            if conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+            if not _idle(conn):
                 fairy.invalidate()  # never hand a broken connection out again
                 return
             if restore:
                 conn.autocommit = False
             fairy.close()
-        elif self.closed or conn.closed or conn.info.transaction_status != TransactionStatus.IDLE:
+        elif self.closed or not _idle(conn):
             conn.pgconn.finish()  # closes without waiting on a loop (an async one too)
         else:
             self._conns.append((conn, None))
@@ -600,22 +596,28 @@ class _Pool(_Idle):
         super().__init__()
         self._connect = connect
         self._size = size
-        self._slots = threading.BoundedSemaphore(size)
+        # One token per connection that may be out; a C queue: taking and giving one
+        # back costs far less than a threading.Semaphore, and a wait is still bounded.
+        self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(size):
+            self._slots.put(None)
 
     def get(self) -> Held:
-        if not self._slots.acquire(timeout=_POOL_TIMEOUT):
-            raise _no_free_connection(self._size)
+        try:
+            self._slots.get(timeout=_POOL_TIMEOUT)
+        except queue.Empty:
+            raise _no_free_connection(self._size) from None
         try:
             return self.take() or self._connect()
         except BaseException:
-            self._slots.release()
+            self._slots.put(None)
             raise
 
     def put(self, conn: Any, held: Any) -> None:
         try:
             self.keep(conn, held)
         finally:
-            self._slots.release()
+            self._slots.put(None)
 
 
 class _AsyncPool(_Idle):
@@ -681,18 +683,20 @@ class _AsyncPostgresLedger:
 
     async def _steps(self, conn: psycopg.AsyncConnection[Any], step: Step) -> Any:
         prepare = self._ledger.prepare
-        with watchdog.guard(conn.fileno(), self._ledger._cut_after) as deadline:
-            try:
-                while True:
-                    cursor = await conn.execute(step.statement, step.params, prepare=prepare and step.prepare)
-                    rows = await cursor.fetchall() if cursor.description is not None else None
-                    step = step.read(rows, cursor.rowcount)
-                    if type(step) is not Step:
-                        return step
-            except psycopg.Error as exc:
-                if deadline.expired:
-                    raise TimeoutError(self._ledger._no_answer()) from exc
-                raise
+        token, deadline = watchdog.arm(conn.fileno(), self._ledger._cut_after)
+        try:
+            while True:
+                cursor = await conn.execute(step.statement, step.params, prepare=prepare and step.prepare)
+                rows = await cursor.fetchall() if cursor.description is not None else None
+                step = step.read(rows, cursor.rowcount)
+                if type(step) is not Step:
+                    return step
+        except psycopg.Error as exc:
+            if deadline.expired:
+                raise TimeoutError(self._ledger._no_answer()) from exc
+            raise
+        finally:
+            watchdog.disarm(token)
 
     def _pool(self) -> _AsyncPool:
         loop = asyncio.get_running_loop()
@@ -745,7 +749,7 @@ class _AsyncPostgresLedger:
     # The protocol: each operation is the ledger's step, run here.
 
     async def claim(self, key: CallKey, **arguments: Any) -> ClaimResult:
-        result: ClaimResult = await self.run(self._ops.claim(key, **arguments))
+        result: ClaimResult = await self.run(self._ops.claim(Record.claimed(key, **arguments)))
         return result
 
     async def takeover(self, record: Record, **arguments: Any) -> Record | None:

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from .._constants import TABLE_NAME
-from .._records import CallKey, ClaimResult, Record
+from .._records import ClaimResult, Record
 from ._options import split_url_options
 from ._protocol import TRANSIENT_FIX, LedgerFault, RetryPolicy, SigningKey
 from ._sql import CLAIM_ROW, INSERT_COLUMNS, KEYED_COLUMNS, Dialect, Operations, SqlLedger, Step
@@ -161,28 +161,17 @@ class SqliteOperations(Operations):
         # too: a row moved under another call's lookup key then shows as that (a local read).
         self._read = f"SELECT {KEYED_COLUMNS} FROM {table} WHERE call_key = ?"
 
-    def claim(
-        self,
-        key: CallKey,
-        *,
-        tool_name: str,
-        args_digest: str,
-        owner: str,
-        now: dt.datetime,
-        lease_expires_at: dt.datetime,
-    ) -> Step:
-        params = self.claim_params(key, tool_name, args_digest, owner, now, lease_expires_at)
+    def claim(self, record: Record) -> Step:
+        params = self.claim_params(record)
 
         def inserted(rows: Any, count: int) -> ClaimResult | Step:
-            if count == 1:
-                return ClaimResult(Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at), True)
-            return look
+            return ClaimResult(record, True) if count == 1 else look
 
         def found(rows: Any, count: int) -> ClaimResult | Step:
             # No row: released between our insert and our read, so claim again.
             return ClaimResult(self.keyed_record(rows[0]), False) if rows else insert
 
-        insert = Step(self._claim, (*params, _stamp(now)), inserted)
+        insert = Step(self._claim, (*params, params[7]), inserted)  # now again: the ttl test
         look = Step(self._read, (params[0],), found)
         return insert
 
