@@ -1,8 +1,9 @@
 """Fixtures shared by every test: one ``ledger`` fixture, parametrised over all backends.
 
-Adding a backend to the whole semantic suite is one fixture below plus one entry
-in ``LEDGER_BACKENDS``. Each backend also has a ``<backend>_url`` fixture: a URL
-``open_ledger`` turns into the same store, for tests that resume in a new process.
+Adding a backend to the whole semantic suite is one line in ``LEDGER_BACKENDS``:
+its name and where a fresh store of it is, as a URL ``open_ledger`` opens (so a
+test can resume in a new process on the same store). The built-in backends also
+have a ``<backend>_url`` fixture giving that URL.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 import os
 import uuid
 import warnings
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -23,20 +23,26 @@ from replaysafe.ledgers import Ledger, MemoryLedger
 
 from . import servers
 
-#: Backends the shared suite runs on; each names a ``<backend>_url`` fixture.
-LEDGER_BACKENDS = ["memory", "sqlite", "postgres", "redis"]
+#: The backends the shared suite runs on, one line each: the URL of a fresh, empty store (a server
+#: backend takes a fixture that gives it a schema or key prefix of its own and removes it afterwards).
+LEDGER_BACKENDS: dict[str, Callable[[pytest.FixtureRequest], str]] = {
+    "memory": lambda request: "memory://",
+    "sqlite": lambda request: f"sqlite:///{request.getfixturevalue('tmp_path') / 'ledger.db'}",
+    "postgres": lambda request: str(request.getfixturevalue("postgres_url")),
+    "redis": lambda request: str(request.getfixturevalue("redis_url")),
+}
 #: Backends that survive the process, for crash and multi-process tests.
 DURABLE_BACKENDS = [b for b in LEDGER_BACKENDS if b != "memory"]
 
 
 @pytest.fixture
-def memory_url() -> str:
-    return "memory://"
+def memory_url(request: pytest.FixtureRequest) -> str:
+    return LEDGER_BACKENDS["memory"](request)
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'ledger.db'}"
+def sqlite_url(request: pytest.FixtureRequest) -> str:
+    return LEDGER_BACKENDS["sqlite"](request)
 
 
 #: Set to 1 to skip, rather than fail, the tests of a backend whose server is missing (ignored under CI).
@@ -138,16 +144,16 @@ def _batched(names: Iterator[bytes], size: int = 500) -> Iterator[list[bytes]]:
         yield batch
 
 
-@pytest.fixture(params=LEDGER_BACKENDS)
+@pytest.fixture(params=list(LEDGER_BACKENDS))
 def ledger_url(request: pytest.FixtureRequest) -> str:
     """A URL of each backend, for a test that opens the ledger in several processes."""
-    return str(request.getfixturevalue(f"{request.param}_url"))
+    return LEDGER_BACKENDS[request.param](request)
 
 
 @pytest.fixture(params=DURABLE_BACKENDS)
 def durable_ledger_url(request: pytest.FixtureRequest) -> str:
     """A URL of each backend that survives a process, for crash tests."""
-    return str(request.getfixturevalue(f"{request.param}_url"))
+    return LEDGER_BACKENDS[request.param](request)
 
 
 @pytest.fixture

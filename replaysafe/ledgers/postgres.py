@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 import sqlalchemy as sa
-from psycopg.pq import ConnStatus, TransactionStatus
+from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
@@ -47,6 +47,7 @@ _DRIVER = "postgresql+psycopg"
 _DIALECT: sa.Dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
 #: Connections a ledger (and each event loop) holds at most by default; more callers wait for one.
 _POOL_SIZE = 10
+_TUPLES_OK = ExecStatus.TUPLES_OK
 #: Seconds a caller waits for a free connection when all are in use (then a transient error).
 _POOL_TIMEOUT = 30.0
 #: Serialises schema creation across every worker that starts at once.
@@ -441,7 +442,9 @@ class PostgresLedger(SqlLedger):
         try:
             while True:
                 cursor = conn.execute(step.statement, step.params, prepare=self.prepare and step.prepare)
-                rows = cursor.fetchall() if cursor.description is not None else None
+                # Read off the result's status: cursor.description builds a column list each time.
+                result = cursor.pgresult
+                rows = cursor.fetchall() if result is not None and result.status == _TUPLES_OK else None
                 step = step.read(rows, cursor.rowcount)
                 if type(step) is not Step:
                     return step
@@ -687,7 +690,8 @@ class _AsyncPostgresLedger:
         try:
             while True:
                 cursor = await conn.execute(step.statement, step.params, prepare=prepare and step.prepare)
-                rows = await cursor.fetchall() if cursor.description is not None else None
+                result = cursor.pgresult
+                rows = await cursor.fetchall() if result is not None and result.status == _TUPLES_OK else None
                 step = step.read(rows, cursor.rowcount)
                 if type(step) is not Step:
                     return step
