@@ -255,6 +255,10 @@ class LedgerBase:
     transient_errors: tuple[type[BaseException], ...] = ()
     #: Whether operations wait on I/O (then ``.aio`` runs them in a worker thread).
     blocking_io = True
+    #: How transient errors are retried.
+    retry: RetryPolicy
+    #: Seals records when a signing key is set; ``None`` otherwise.
+    sealer: Sealer | None
 
     def __init__(self, *, retry: RetryPolicy | None = None, signing_key: SigningKey | None = None) -> None:
         self.retry = retry or RetryPolicy()

@@ -445,27 +445,10 @@ class _Operations:
         return _Op(parse, batch=[("GET", name) for _, name in found])
 
 
-class _Runner(Protocol):
-    _ops: _Operations
-
-    def _run(self, op: _Op[_T]) -> _T: ...
-
-
 class _AsyncRunner(Protocol):
     _ops: _Operations
 
     async def _run(self, op: _Op[_T]) -> _T: ...
-
-
-def _sync(build: Callable[Concatenate[_Operations, _P], _Op[_T]]) -> Callable[Concatenate[_Runner, _P], _T]:
-    """A ledger method: build the operation, run it on the sync client."""
-
-    def operation(self: _Runner, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        return self._run(build(self._ops, *args, **kwargs))
-
-    operation.__name__ = operation.__qualname__ = build.__name__
-    operation.__doc__ = build.__doc__
-    return operation
 
 
 def _async(
@@ -692,6 +675,13 @@ class RedisLedger(LedgerBase):
         ConnectionError,
         TimeoutError,
     )
+    #: Seconds to wait for a connection, and for any one answer.
+    connect_timeout: float
+    io_timeout: float
+    #: How long a finished record is kept; ``None``: forever.
+    ttl: dt.timedelta | None
+    #: Whether the client is a Redis Cluster client.
+    cluster: bool
 
     def __init__(
         self,
@@ -843,14 +833,52 @@ class RedisLedger(LedgerBase):
 
     # --- the protocol: each operation built once (``_Operations``), run here ------------
 
-    claim = _sync(_Operations.claim)
-    takeover = _sync(_Operations.takeover)
-    complete = _sync(_Operations.complete)
-    release = _sync(_Operations.release)
-    renew = _sync(_Operations.renew)
-    get = _sync(_Operations.get)
-    get_many = _sync(_Operations.get_many)
-    delete = _sync(_Operations.delete)
+    # Spelled out (not ``claim = _sync(...)`` as in the private async twin): these are public, and
+    # their signatures are what users and type checkers read.
+
+    def claim(
+        self,
+        key: CallKey,
+        *,
+        tool_name: str,
+        args_digest: str,
+        owner: str,
+        now: dt.datetime,
+        lease_expires_at: dt.datetime,
+    ) -> ClaimResult:
+        """Atomically create a ``running`` record owned by ``owner``, or return the one there."""
+        op = self._ops.claim(
+            key, tool_name=tool_name, args_digest=args_digest, owner=owner, now=now, lease_expires_at=lease_expires_at
+        )
+        return self._run(op)
+
+    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
+        """Replace ``record`` (still as read) by a ``running`` one for ``owner``, attempt + 1."""
+        return self._run(self._ops.takeover(record, owner=owner, now=now, lease_expires_at=lease_expires_at))
+
+    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
+        """Finish the call ``owner`` claimed (fenced); with a ttl, a finished record expires unless in doubt."""
+        return self._run(self._ops.complete(key, owner=owner, status=status, result=result, now=now))
+
+    def release(self, key: CallKey, *, owner: str) -> bool:
+        """Delete the ``running`` record ``owner`` holds."""
+        return self._run(self._ops.release(key, owner=owner))
+
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
+        """Move the lease of the ``running`` record ``owner`` holds (fenced)."""
+        return self._run(self._ops.renew(key, owner=owner, lease_expires_at=lease_expires_at))
+
+    def get(self, key: CallKey) -> Record | None:
+        """The record of ``key``, or ``None``."""
+        return self._run(self._ops.get(key))
+
+    def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
+        """The records among ``keys`` that exist, pipelined in one round trip."""
+        return self._run(self._ops.get_many(keys))
+
+    def delete(self, key: CallKey) -> bool:
+        """Delete the record of ``key``, whatever its state."""
+        return self._run(self._ops.delete(key))
 
     def purge_thread(self, thread_id: str) -> int:
         deleted = 0
