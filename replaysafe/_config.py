@@ -50,9 +50,14 @@ def reset() -> None:
         function()
 
 
+#: Counts resets: a tool's once-only warnings are said again after one (``tool.warned_* != generation``).
+generation = 0
+
+
 @on_reset
 def _reset_settings() -> None:
-    global _default, _from_env, default_tool_timeout, default_node_timeout, disabled
+    global _default, _from_env, default_tool_timeout, default_node_timeout, disabled, generation
+    generation += 1
     opened, _from_env = _from_env, None
     _default = None
     default_tool_timeout = default_node_timeout = UNSET

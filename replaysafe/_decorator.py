@@ -89,8 +89,9 @@ class _Tool:
         self.exclude_args = exclude_args
         self.key = key
         self.pause_on = pause_on
-        self.warned_missing = False
-        self.warned_no_ledger = False
+        # The reset generation in which each warning was said (-1: never): once per tool, again after a reset.
+        self.warned_missing = -1
+        self.warned_no_ledger = -1
         signature = inspect.signature(spec.function)
         unknown = [name for name in exclude_args if name not in signature.parameters]
         if unknown:
@@ -209,10 +210,10 @@ class _Tool:
     def _no_ledger(self) -> None:
         """Warn once per tool (an app may hand one adapter a ledger and forget another's)."""
         name = self.spec.name
-        if self.warned_no_ledger:
+        if self.warned_no_ledger == _config.generation:
             _count_unprotected(name, "no ledger is configured")
             return
-        self.warned_no_ledger = True
+        self.warned_no_ledger = _config.generation
         message = (
             f"{name} ran WITHOUT replay protection: no ledger is configured. Pass @replay_safe(ledger=...) "
             "(or your adapter's ledger), call replaysafe.set_default_ledger(...), or set "
@@ -233,8 +234,8 @@ class _Tool:
         if self.on_missing_ids == "raise":
             raise MissingCallIdError(message, tool_name=self.spec.name, key=key)
         emit(EventKind.UNPROTECTED, message, tool_name=self.spec.name, key=key, level=10)
-        if not self.warned_missing:
-            self.warned_missing = True
+        if self.warned_missing != _config.generation:
+            self.warned_missing = _config.generation
             warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
 
 

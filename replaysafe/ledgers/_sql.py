@@ -318,6 +318,12 @@ class SqlLedger(LedgerBase):
     """A ledger in one SQL table: SQLAlchemy makes the table, ``ops`` the statements, ``run`` runs them."""
 
     ops: Operations
+    #: How long a finished record is kept; ``None``: forever.
+    ttl: dt.timedelta | None
+    #: Whether the ledger creates its table (and schema) when first used.
+    create_schema: bool
+    #: The ledger's table, as SQLAlchemy describes it (for DDL).
+    table: sa.Table
 
     def __init__(
         self,

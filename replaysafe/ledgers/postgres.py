@@ -241,6 +241,15 @@ class PostgresLedger(SqlLedger):
         psycopg.OperationalError,
     )
 
+    #: Whether statements are prepared on the server (see above).
+    prepare: bool
+    #: The most connections the ledger holds (per event loop for ``.aio``).
+    pool_size: int
+    #: Seconds to wait for a connection, and for any one answer.
+    connect_timeout: float
+    io_timeout: float
+    ops: PostgresOperations
+
     def __init__(
         self,
         url_or_engine: str | sa.URL | Engine | AsyncEngine,
@@ -267,7 +276,6 @@ class PostgresLedger(SqlLedger):
             prepare = prepare if prepare is not None else from_url.get("prepare")
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size must be a positive number of connections, got {pool_size!r}")
-        #: Whether statements are prepared on the server (see the class docstring).
         self.prepare = True if prepare is None else bool(prepare)
         self.pool_size = pool_size
         self.connect_timeout, self.io_timeout = io_timeouts(connect_timeout, io_timeout)

@@ -34,7 +34,10 @@ class SqliteLedger(SqlLedger):
     faster and survives a ``kill -9`` but may lose the last records on power loss.
     """
 
-    transient_errors = (*SqlLedger.transient_errors, sqlite3.OperationalError)
+    transient_errors: tuple[type[BaseException], ...] = (*SqlLedger.transient_errors, sqlite3.OperationalError)
+    #: The database file.
+    path: Path
+    ops: SqliteOperations
 
     def __init__(
         self,

@@ -12,8 +12,8 @@ def reset() -> None:
     """Put replaysafe's process-wide state back as a fresh import has it.
 
     The default ledger (``set_default_ledger``) is unset and the one ``REPLAYSAFE_LEDGER_URL``
-    opened is closed, the global timeouts go back to their defaults, once-per-process warnings
-    may fire again, and ``REPLAYSAFE_DISABLED`` is read again. Event handlers registered with
+    opened is closed, the global timeouts go back to their defaults, once-only warnings (per
+    tool or per process) are said again, and ``REPLAYSAFE_DISABLED`` is read again. Event handlers registered with
     ``on_event`` stay: each is removed by the function ``on_event`` returned.
     """
     _config.reset()

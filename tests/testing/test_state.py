@@ -22,6 +22,7 @@ from replaysafe import (
     set_default_timeouts,
     tool_call,
 )
+from replaysafe._context import UNSET
 from replaysafe.testing import disabled, record_calls, reset
 
 
@@ -127,7 +128,7 @@ def test_reset_puts_back_a_fresh_import(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("REPLAYSAFE_DISABLED", "1")
     reset()
     assert _config.default_ledger() is None
-    assert (_config.default_tool_timeout, _config.default_node_timeout) == (300.0, 900.0)
+    assert (_config.default_tool_timeout, _config.default_node_timeout) == (UNSET, UNSET)  # the built-in ones
     assert _config.disabled is True  # read again from the environment
     monkeypatch.delenv("REPLAYSAFE_DISABLED")
     reset()
@@ -152,7 +153,7 @@ def test_reset_lets_the_once_per_process_warning_fire_again() -> None:
 
     with pytest.warns(UnprotectedCallWarning):
         refund("o-1")
-    refund("o-1")  # silent: once per process
+    refund("o-1")  # silent: once per tool
     reset()
     with pytest.warns(UnprotectedCallWarning):
         refund("o-1")
