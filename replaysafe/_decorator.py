@@ -59,6 +59,7 @@ class _Tool:
 
     __slots__ = (
         "_binders",
+        "_class_first",
         "_digests",
         "_signatures",
         "exclude_args",
@@ -102,10 +103,21 @@ class _Tool:
         self._binders = (_Binder.of(parameters), _Binder.of(parameters[1:]))
         names = [parameter.name for parameter in parameters]
         self._digests = (SignatureDigest(names, exclude_args), SignatureDigest(names[1:], exclude_args))
+        # Under @classmethod, Python 3.13 calls the wrapper with the class as a plain first argument
+        # (it no longer binds through the wrapper's __get__): a first parameter named cls, of a
+        # function defined in a class, given a class, is the receiver, never data.
+        owner = getattr(spec.function, "__qualname__", "").rpartition(".")[0]
+        self._class_first = bool(names) and names[0] == "cls" and bool(owner) and not owner.endswith("<locals>")
+
+    def _receiver(self, instance: object, args: tuple[Any, ...]) -> tuple[bool, tuple[Any, ...]]:
+        """Whether the call came through an instance or class, and its arguments without the receiver."""
+        if instance is None and self._class_first and args and isinstance(args[0], type):
+            return True, args[1:]
+        return instance is not None, args
 
     def digest(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
         """Bind the call's arguments by name (defaults applied) and digest them."""
-        method = instance is not None
+        method, args = self._receiver(instance, args)
         binder = self._binders[method]
         arguments = binder.bind(args, kwargs) if binder is not None else None
         if arguments is not None:
@@ -117,7 +129,7 @@ class _Tool:
 
     def arguments(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The call's arguments by name, defaults applied (what a key function is given)."""
-        method = instance is not None
+        method, args = self._receiver(instance, args)
         binder = self._binders[method]
         arguments = binder.bind(args, kwargs) if binder is not None else None
         return arguments if arguments is not None else self._bind(method, args, kwargs)
