@@ -152,7 +152,8 @@ def _check_id(name: str, value: object) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise TypeError(f"tool_call(): {name} must be a str, got {type(value).__name__} {value!r}")
+        # The type only: a message object passed by mistake would quote the model's text or arguments.
+        raise TypeError(f"tool_call(): {name} must be a str, got {type(value).__name__}")
     problem = None
     if "\x00" in value:
         problem = "contains a NUL character, which PostgreSQL text cannot hold"

@@ -31,6 +31,7 @@ from . import _constants, _unrecorded
 from ._codec import JsonSerializer, Reviver, Serializer, reviver_for
 from ._context import CallInfo, CallScope, InDoubt, RunningCall
 from ._errors import (
+    CONTROL_ERRORS,
     CallInDoubtError,
     CallInProgressError,
     LedgerError,
@@ -736,8 +737,9 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
     elif not isinstance(exc, Exception):
         # Cancelled, interrupted, or a stream closed early: whether the side effect happened is unknown.
         yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
-    elif not isinstance(exc, spec.record_errors):
-        # Other errors free the call for a retry.
+    elif not isinstance(exc, spec.record_errors) or isinstance(exc, CONTROL_ERRORS):
+        # Other errors free the call for a retry; so does replaysafe's own (a step in progress, in
+        # doubt or mismatched), which says nothing of how the tool would end: never its recorded failure.
         try:
             yield Release(key, run.owner)
         except LedgerError as error:

@@ -55,7 +55,7 @@ from ._records import CallKey, Record
 from ._renewer import new_lease, renewer, start_renewing
 from ._sealing import Sealer
 from .ledgers import Ledger
-from .ledgers._protocol import NO_RESULT
+from .ledgers._protocol import NO_RESULT, set_resolver
 
 #: The world as the protocol sees it: this machine's clocks and processes, the event sink.
 HOST = Host(utcnow, time.monotonic, owner_alive, emit, wanted)
@@ -363,3 +363,6 @@ def resolve_by_hand(
     protocol = resolve(key, encode, force=force, sealer=ledger.sealer, owner=f"resolve@{owner_token()}", host=HOST)
     settled: Record | None = drive(protocol, Driving(ledger, "resolve"))
     return settled
+
+
+set_resolver(resolve_by_hand)  # Ledger.resolve() runs the protocol's resolve through this driver

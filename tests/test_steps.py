@@ -321,3 +321,32 @@ def test_current_call_pickles_as_a_plain_call_info(ledger: Ledger) -> None:
     info = pickle.loads(seen[0])
     assert type(info) is CallInfo and type(info.parent) is CallInfo
     assert info.key == step_key(ids, "step#1") and info.parent.key == CallKey(*ids)
+
+
+def test_a_steps_control_error_is_never_recorded_as_its_parents_failure(ledger: Ledger) -> None:
+    """record_errors=True records the tool's own errors, not replaysafe's: the parent stays free to run again."""
+    amount = [1]
+    ran_once: list[bool] = []
+
+    @replay_safe(ledger=ledger)
+    def charge(cents: int) -> int:
+        return cents
+
+    @replay_safe(ledger=ledger, record_errors=True)
+    def checkout() -> int:
+        charged = charge(amount[0])
+        if amount[0] == 1 and not ran_once:
+            ran_once.append(True)
+            raise KeyboardInterrupt  # the process is interrupted after the step: the parent is in doubt
+        return charged
+
+    key = (f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+    with tool_call(*key), pytest.raises(KeyboardInterrupt):
+        checkout()
+    amount[0] = 2  # not deterministic: the step at position 1 now gets other arguments
+    with tool_call(*key, in_doubt="rerun"), pytest.raises(ReplayMismatchError):
+        checkout()
+    assert ledger.get(CallKey(*key)) is None  # released for a retry, not recorded as failed
+    amount[0] = 1
+    with tool_call(*key, in_doubt="rerun"):
+        assert checkout() == 1  # runs again: its step replays

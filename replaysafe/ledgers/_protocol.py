@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import os
 import uuid
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
@@ -249,6 +249,17 @@ class OffloadedAsyncLedger:
         return result
 
 
+#: How ``LedgerBase.resolve`` settles a call: the protocol's ``resolve``, driven on the ledger.
+#: The drivers hand it in when replaysafe is imported (``set_resolver``): the protocol decides,
+#: a ledger only stores, and the ledger package never imports the protocol.
+_resolver: Callable[..., Record | None] | None = None
+
+
+def set_resolver(resolver: Callable[..., Record | None]) -> None:
+    global _resolver
+    _resolver = resolver
+
+
 class LedgerBase:
     """What every ledger shares: context management, lazy open, retry settings, resolve."""
 
@@ -291,9 +302,9 @@ class LedgerBase:
         still alive is refused unless ``force=True`` (its owner would then find its
         claim gone when it finishes, and report a duplicate execution).
         """
-        from .._drivers import resolve_by_hand  # the protocol decides; a ledger only stores
-
-        return resolve_by_hand(self, key, result, rerun, serializer, force)
+        if _resolver is None:  # pragma: no cover - importing replaysafe installs it
+            raise RuntimeError("replaysafe's drivers are not loaded: import replaysafe first")
+        return _resolver(self, key, result, rerun, serializer, force)
 
     def __enter__(self) -> Any:
         return self

@@ -271,7 +271,6 @@ def test_an_engine_with_another_driver_is_refused(postgres_server_url: str) -> N
 
 async def test_a_shared_async_engine_is_used_and_left_open(postgres_url: str) -> None:
     """Given the app's AsyncEngine, .aio borrows its pool, and close() does not dispose it."""
-    pytest.importorskip("greenlet", reason="SQLAlchemy's AsyncEngine needs greenlet: pip install 'sqlalchemy[asyncio]'")
     import sqlalchemy.ext.asyncio as asyncio_ext
 
     server, schema = _split(postgres_url)

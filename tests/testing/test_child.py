@@ -76,5 +76,14 @@ def test_a_function_the_child_cannot_import_is_refused() -> None:
         run_in_child(lambda: None)
 
 
-def test_a_kill_point_outside_a_child_does_nothing() -> None:
-    kill_point("after_the_tool")  # this process is still here
+def test_a_kill_point_not_named_does_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Only the point run_in_child named kills: any other (or none) returns, and reports nothing."""
+    from replaysafe.testing._child import KILL_AT_ENV, OUTCOME_ENV
+
+    outcome = tmp_path / "outcome.json"
+    monkeypatch.setenv(OUTCOME_ENV, str(outcome))
+    monkeypatch.setenv(KILL_AT_ENV, "another_point")
+    kill_point("after_the_tool")
+    monkeypatch.delenv(KILL_AT_ENV)
+    kill_point("another_point")
+    assert not outcome.exists()  # a kill would have written it first (and this line not run)
