@@ -321,7 +321,6 @@ class PostgresWireCounter:
         started = False
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
-                server.sendall(data)
                 buffer += data
                 while True:
                     if not started:  # untyped: SSLRequest, GSSENCRequest or StartupMessage
@@ -341,5 +340,7 @@ class PostgresWireCounter:
                     buffer = buffer[1 + length :]
                     with self._lock:
                         self.messages[kind] += 1
+                # Counted before forwarded: the reply, and the test's read of the count, come after.
+                server.sendall(data)
         with contextlib.suppress(OSError):
             server.shutdown(socket.SHUT_WR)
