@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import hashlib
 import os
 import re
@@ -315,6 +316,101 @@ class _Op(Generic[_T]):
         for command in self.batch:
             pipe.execute_command(*command)
         return pipe.execute()
+
+
+#: The commands of the hot path: sent on a held connection (``_Held``), their replies used as read.
+_HOT = frozenset({"EVALSHA", "GET"})
+
+
+class _Held:
+    """A sync single-server client whose hot commands (``_HOT``) run on connections the ledger holds.
+
+    redis-py's command layer (a pool checkout and release under a lock, a retry closure,
+    observability hooks, response callbacks) costs about as much client time per command
+    as the round trip itself. These connections are made like the client's pool makes
+    its own (its connection class and settings), each used by one caller at a time (a
+    list: ``pop`` and ``append`` are atomic), and a command is packed, sent and read.
+    The connection's retry applies as in redis-py: a connection error disconnects it
+    and the command goes again on a fresh connection. Anything interrupted (a timeout,
+    a signal) disconnects it, so no reply is left unread on it. Other commands, and
+    pipelines, go to the client. ``_AsyncHeld`` is the same for one event loop.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        pool = client.connection_pool
+        self._make: Callable[[], Any] = functools.partial(pool.connection_class, **pool.connection_kwargs)
+        self._idle: list[Any] = []
+
+    @staticmethod
+    def fits(client: Any) -> bool:
+        """Whether ``client``'s connections can be held: a plain pool, no client-side cache or sentinel."""
+        pool = getattr(client, "connection_pool", None)
+        plain = (redis.ConnectionPool, redis.BlockingConnectionPool)
+        plain_async = (redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
+        return type(pool) in (*plain, *plain_async) and getattr(pool, "cache", None) is None
+
+    def _take(self) -> Any:
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self._make()
+
+    def execute_command(self, *command: Any) -> Any:
+        if command[0] not in _HOT:
+            return self.client.execute_command(*command)
+        conn = self._take()
+        try:
+            return conn.retry.call_with_retry(lambda: _exchange(conn, command), lambda _: conn.disconnect())
+        except redis.ResponseError:
+            raise  # the reply was read whole: the connection is clean
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            self._idle.append(conn)
+
+    def pipeline(self, transaction: bool) -> Any:
+        return self.client.pipeline(transaction=transaction)
+
+    def script_load(self, text: str) -> Any:
+        return self.client.script_load(text)
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().disconnect()
+
+
+class _AsyncHeld(_Held):
+    """``_Held`` for an asyncio single-server client: connections of one event loop."""
+
+    async def execute_command(self, *command: Any) -> Any:  # type: ignore[override]
+        if command[0] not in _HOT:
+            return await self.client.execute_command(*command)
+        conn = self._take()
+        try:
+            return await conn.retry.call_with_retry(lambda: _aexchange(conn, command), lambda _: conn.disconnect())
+        except redis.ResponseError:
+            raise
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
+        finally:
+            self._idle.append(conn)
+
+    async def aclose(self) -> None:
+        while self._idle:
+            await self._idle.pop().disconnect()
+
+
+async def _aexchange(conn: Any, command: Sequence[Any]) -> Any:
+    await conn.send_packed_command(conn.pack_command(*command))
+    return await conn.read_response()
+
+
+def _exchange(conn: Any, command: Sequence[Any]) -> Any:
+    conn.send_packed_command(conn.pack_command(*command))
+    return conn.read_response()
 
 
 def _load_scripts(client: Any) -> list[Any]:
@@ -738,6 +834,8 @@ class RedisLedger(LedgerBase):
             if cluster is not None and cluster != self.cluster:
                 raise ValueError(f"cluster={cluster} does not match the client given ({type(url_or_client).__name__})")
             _warn_if_unbounded(url_or_client)
+        #: ``_commands``: the held connections of the sync client (or the client), made on first use.
+        self._held: Any = None
         self._aio_redis: _AsyncRedisLedger | None = None
         # Clients a forked child inherited: kept, never used or closed (the parent's sockets).
         self._orphans: list[Any] = []
@@ -783,13 +881,23 @@ class RedisLedger(LedgerBase):
         user = urllib.parse.urlsplit(self._url).username if self._url is not None else None
         return _diagnose(exc, user, self.prefix)
 
+    @property
+    def _commands(self) -> Any:
+        """Where the runner sends commands: the held connections of a single-server client, or the client."""
+        held = self._held
+        if held is None:
+            client = self.client
+            held = self._held = _Held(client) if _Held.fits(client) else client
+        return held
+
     def _run(self, op: _Op[_T]) -> _T:
         """The sync runner: one command (or one pipelined batch), one reply, parsed once."""
+        commands = self._commands
         try:
-            return op.parse(op.send(self.client))
+            return op.parse(op.send(commands))
         except redis.exceptions.NoScriptError:  # a new, restarted or failed-over server: load, then again
-            _load_scripts(self.client)
-            return op.parse(op.send(self.client))
+            _load_scripts(commands)
+            return op.parse(op.send(commands))
 
     @property
     def aio(self) -> AsyncLedger:
@@ -801,6 +909,9 @@ class RedisLedger(LedgerBase):
         """Close the connections this ledger opened; a client passed in is left open."""
         if self._aio_redis is not None:
             self._aio_redis.close()
+        if isinstance(self._held, _Held):
+            self._held.close()
+        self._held = None
         if self._client is not None and self._owns_client:
             if not self.cluster:
                 self._client.connection_pool.disconnect()
@@ -810,6 +921,9 @@ class RedisLedger(LedgerBase):
     def _forget_parent_connections(self) -> None:
         """In a forked child: connect afresh. A socket shared with the parent would mix
         the two processes' commands and replies."""
+        if self._held is not None:
+            self._orphans.append(self._held)
+            self._held = None
         if self._client is not None and self._owns_client:
             self._orphans.append(self._client)
             self._client = None
@@ -924,7 +1038,7 @@ class _AsyncRedisLedger:
         if entry is None:
             entry = self._clients[loop] = _LoopClient(self._ledger._new_client(asynchronous=True))
             entry.watch(loop)
-        return entry.client
+        return entry.commands
 
     async def _run(self, op: _Op[_T]) -> _T:
         """The async runner: ``RedisLedger._run`` on this loop's client."""
@@ -963,6 +1077,8 @@ class _LoopClient:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        #: Where the runner sends commands: held connections of a single-server client, or the client.
+        self.commands: Any = _AsyncHeld(client) if _Held.fits(client) else client
         self._guard: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -984,6 +1100,8 @@ class _LoopClient:
             await self.aclose()
 
     async def aclose(self) -> None:
+        if isinstance(self.commands, _AsyncHeld):
+            await self.commands.aclose()
         if isinstance(self.client, redis.asyncio.cluster.RedisCluster):
             await self.client.aclose()
         else:
