@@ -384,7 +384,7 @@ class _Held:
 class _AsyncHeld(_Held):
     """``_Held`` for an asyncio single-server client: connections of one event loop."""
 
-    async def execute_command(self, *command: Any) -> Any:  # type: ignore[override]
+    async def execute_command(self, *command: Any) -> Any:
         if command[0] not in _HOT:
             return await self.client.execute_command(*command)
         conn = self._take()
