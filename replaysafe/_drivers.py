@@ -38,6 +38,7 @@ from ._core import (
     ToolExit,
     ToolSpec,
     held_after,
+    report_late,
     resolve,
     settle_error,
     settle_result,
@@ -45,7 +46,7 @@ from ._core import (
 )
 from ._deadlines import alarm_is_ours_to_use, await_with_timeout, run_in_worker, run_with_alarm
 from ._errors import ReplaySafeError, describe
-from ._events import EventKind, emit, logger, wanted
+from ._events import emit, logger, wanted
 from ._leases import Lease
 from ._metrics import ledger_kind
 from ._operations import aperform, perform
@@ -197,35 +198,16 @@ def _run_in_this_thread(run: Run, wrapped: Callable[..., Any], driving: Driving)
 
     The timeout is kept by the lease instead: it is renewed up to the deadline plus the
     lease margin and no further, so past that another host may take the call over as in
-    doubt. A tool that ends past its deadline is reported then, and its outcome recorded.
+    doubt. Whether the tool ended late, and what that says, is the protocol's (``report_late``).
     """
+    assert driving.spec is not None
     lease = _lease(run, driving, past_deadline=False)
     renewer.add(lease)
-    started = time.monotonic()
     try:
         return wrapped(*run.call.args, **run.call.kwargs)
     finally:
         renewer.remove(lease)
-        ran = time.monotonic() - started
-        if run.timeout is not None and ran > run.timeout:
-            _report_late(run, ran, driving)
-
-
-def _report_late(run: Run, ran: float, driving: Driving) -> None:
-    assert run.timeout is not None
-    emit(
-        EventKind.TIMEOUT,
-        f"{describe(driving.tool_name, run.call.key)} ran {ran:.1f}s, past its default {run.timeout:g}s timeout "
-        f"(attempt {run.call.attempt}). It ran in the caller's thread, which the default timeout never "
-        "interrupts; its lease was not kept past the deadline, so another host may have taken the call over "
-        "as in doubt (a duplicate_detected event follows if so). Its outcome is recorded now. Give the tool "
-        "timeout= for a hard deadline, or timeout=None for none.",
-        tool_name=driving.tool_name,
-        key=run.call.key,
-        attempt=run.call.attempt,
-        duration=ran,
-        ledger=ledger_kind(driving.ledger),
-    )
+        report_late(driving.spec, run)
 
 
 def _record_late(run: Run, done: concurrent.futures.Future[Any], driving: Driving) -> None:
