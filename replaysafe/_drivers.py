@@ -56,7 +56,7 @@ from ._records import CallKey, Record
 from ._renewer import new_lease, renewer, start_renewing
 from ._sealing import Sealer
 from .ledgers import Ledger
-from .ledgers._protocol import NO_RESULT, set_resolver
+from .ledgers._protocol import NO_RESULT, Handed, hand_in
 
 #: The world as the protocol sees it: this machine's clocks and processes, the event sink.
 HOST = Host(utcnow, time.monotonic, owner_alive, emit, wanted)
@@ -347,4 +347,5 @@ def resolve_by_hand(
     return settled
 
 
-set_resolver(resolve_by_hand)  # Ledger.resolve() runs the protocol's resolve through this driver
+# Ledger.resolve() runs the protocol's resolve through this driver; check() probes at this host's time and owner.
+hand_in(Handed(resolve_by_hand, HOST.now, owner_token))

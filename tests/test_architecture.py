@@ -49,6 +49,12 @@ def test_the_ledger_package_never_imports_the_protocol() -> None:
         assert not reached, f"{path.name} imports {sorted(reached)}: ledgers only store"
 
 
+def test_the_ledger_package_reads_no_owner_identity() -> None:
+    """Who claims (a probe's owner token, like a call's) is handed in by the drivers, never read by a ledger."""
+    for path in sorted((PACKAGE / "ledgers").glob("*.py")):
+        assert "replaysafe._owners" not in _imports(path), f"{path.name} imports replaysafe._owners"
+
+
 def test_the_core_imports_no_ledger_and_does_no_io() -> None:
     imported = _imports(PACKAGE / "_core.py")
     forbidden = {"socket", "sqlite3", "os", "time", "subprocess", "threading", "asyncio", "redis", "psycopg"}

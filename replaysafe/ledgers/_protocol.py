@@ -16,13 +16,11 @@ import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from .._clock import utcnow
 from .._codec import Serializer
 from .._constants import LEDGER_RETRY_ATTEMPTS, LEDGER_RETRY_MAX_SECONDS
 from .._errors import LedgerError
-from .._owners import owner_token
 from .._records import CallKey, ClaimResult, Record, Status
 from .._sealing import Sealer
 from .._threads import ForkSafePool
@@ -249,15 +247,30 @@ class OffloadedAsyncLedger:
         return result
 
 
-#: How ``LedgerBase.resolve`` settles a call: the protocol's ``resolve``, driven on the ledger.
-#: The drivers hand it in when replaysafe is imported (``set_resolver``): the protocol decides,
-#: a ledger only stores, and the ledger package never imports the protocol.
-_resolver: Callable[..., Record | None] | None = None
+class Handed(NamedTuple):
+    """What the drivers hand the ledger package when replaysafe is imported (``hand_in``): the
+    protocol decides, a ledger only stores, and the ledger package never imports the protocol."""
+
+    #: How ``LedgerBase.resolve`` settles a call: the protocol's ``resolve``, driven on the ledger.
+    resolve: Callable[..., Record | None]
+    #: The wall clock (timezone-aware UTC) and this process's owner token, which a ``check()``
+    #: probe claims with: the ledger reads neither itself.
+    now: Callable[[], datetime]
+    owner_token: Callable[[], str]
 
 
-def set_resolver(resolver: Callable[..., Record | None]) -> None:
-    global _resolver
-    _resolver = resolver
+_handed: Handed | None = None
+
+
+def hand_in(handed: Handed) -> None:
+    global _handed
+    _handed = handed
+
+
+def _from_drivers() -> Handed:
+    if _handed is None:  # pragma: no cover - importing replaysafe hands them in
+        raise RuntimeError("replaysafe's drivers are not loaded: import replaysafe first")
+    return _handed
 
 
 class LedgerBase:
@@ -302,9 +315,7 @@ class LedgerBase:
         still alive is refused unless ``force=True`` (its owner would then find its
         claim gone when it finishes, and report a duplicate execution).
         """
-        if _resolver is None:  # pragma: no cover - importing replaysafe installs it
-            raise RuntimeError("replaysafe's drivers are not loaded: import replaysafe first")
-        return _resolver(self, key, result, rerun, serializer, force)
+        return _from_drivers().resolve(self, key, result, rerun, serializer, force)
 
     def __enter__(self) -> Any:
         return self
@@ -334,39 +345,46 @@ class LedgerBase:
         Raises ``LedgerError`` naming the step that failed and the fix. The probe's
         thread id starts with ``replaysafe-probe-`` and ends with a random suffix.
         """
-        probe = _probe(self)
-        request = next(probe)
-        try:
-            while True:
-                step, args, kwargs = request
-                try:
-                    reply = getattr(self, step)(*args, **kwargs)
-                except Exception as exc:
-                    request = probe.throw(_probe_error(self, step, exc))
-                else:
-                    request = probe.send(reply)
-        except StopIteration:
-            return
+        probe, reply, error = _probe(self), None, None
+        while (request := _next_step(probe, reply, error)) is not None:
+            reply, error = _tried(self, *request)
 
     async def acheck(self) -> None:
         """``check()`` for async code, on ``.aio`` where it has the operation."""
-        probe = _probe(self)
-        request = next(probe)
-        aio = self.aio
-        try:
-            while True:
-                step, args, kwargs = request
-                try:
-                    if hasattr(aio, step):
-                        reply = await getattr(aio, step)(*args, **kwargs)
-                    else:  # delete is not an AsyncLedger operation
-                        reply = await asyncio.to_thread(getattr(self, step), *args, **kwargs)
-                except Exception as exc:
-                    request = probe.throw(_probe_error(self, step, exc))
-                else:
-                    request = probe.send(reply)
-        except StopIteration:
-            return
+        probe, reply, error = _probe(self), None, None
+        while (request := _next_step(probe, reply, error)) is not None:
+            reply, error = await _atried(self, *request)
+
+
+#: A probe's step: the ``Ledger`` operation, its arguments and keyword arguments.
+ProbeStep = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+
+def _next_step(probe: Generator[ProbeStep, Any, None], reply: Any, error: LedgerError | None) -> ProbeStep | None:
+    """The probe's next step, given the last one's reply or error; ``None`` once it passed."""
+    try:
+        return probe.send(reply) if error is None else probe.throw(error)
+    except StopIteration:
+        return None
+
+
+def _tried(ledger: Any, step: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, LedgerError | None]:
+    """A probe step on the ledger: its reply, or the ``LedgerError`` naming the step and the fix."""
+    try:
+        return getattr(ledger, step)(*args, **kwargs), None
+    except Exception as exc:
+        return None, _probe_error(ledger, step, exc)
+
+
+async def _atried(
+    ledger: Any, step: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, LedgerError | None]:
+    """``_tried`` on ``.aio``; in a worker thread for what it lacks (``delete``)."""
+    operation: Any = getattr(ledger.aio, step, None) or functools.partial(asyncio.to_thread, getattr(ledger, step))
+    try:
+        return await operation(*args, **kwargs), None
+    except Exception as exc:
+        return None, _probe_error(ledger, step, exc)
 
 
 _PROBE_RESULT = '"replaysafe-probe"'
@@ -383,11 +401,14 @@ def _probe_error(ledger: Any, step: str, exc: BaseException) -> LedgerError:
     )
 
 
-def _probe(ledger: Any) -> Generator[tuple[str, tuple[Any, ...], dict[str, Any]], Any, None]:
-    """``check()``'s steps, shared by its sync and async drivers: each yields (operation, args, kwargs)."""
+def _probe(ledger: Any) -> Generator[ProbeStep, Any, None]:
+    """``check()``'s steps, shared by its sync and async forms: each yields (operation, args, kwargs).
+
+    It claims as this process's owner token, at the time, both handed in by the drivers."""
+    handed = _from_drivers()
     key = CallKey(f"{PROBE_THREAD_PREFIX}{uuid.uuid4().hex}", "probe", "probe")
-    owner = f"probe@{owner_token()}"
-    now = utcnow()
+    owner = f"probe@{handed.owner_token()}"
+    now = handed.now()
     claimed = yield (
         "claim",
         (key,),
