@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import concurrency, overhead, parallel, report, scale
+from . import concurrency, overhead, parallel, report, scale, tenxgraph
 from ._env import Scratch, cpus_kept_awake, load_average, machine_info
 from ._progress import progress
 from .settings import FULL, QUICK
@@ -23,6 +23,7 @@ SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "overhead": overhead.run,
     "concurrency": concurrency.run,
     "parallel": parallel.run,
+    "tenxgraph": tenxgraph.run,  # in the 10xGraph adapter's Python 3.12 environment, as a subprocess
     "scale": scale.run,  # last: its big loads may leave the servers busy for a while
 }
 

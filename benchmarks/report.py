@@ -319,9 +319,33 @@ def _parallel_table(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _tenxgraph_table(results: dict[str, Any]) -> list[str]:
+    section = results.get("tenxgraph")
+    if section is None:
+        return []
+    lines = ["## 7. Against 10xGraph's PgCheckpointer tool ledger (same PostgreSQL, async)", ""]
+    if "skipped" in section:
+        return [*lines, section["skipped"], ""]
+    lines += [
+        f"10xgraph {section['version']} on Python {section['python']}, both sides in one process: ours is "
+        "`@replay_safe` on a `PostgresLedger`; theirs is its ToolNode's tool-ledger lookup, the tool and the record "
+        "of its result. Microseconds per call; *ours / theirs* below 1 means we are faster.",
+        "",
+        "| call | ours us | 10xGraph us | ours / 10xGraph |",
+        "|---|---|---|---|",
+    ]
+    for label, name in (("first_call", "first call"), ("replay", "replay")):
+        point = section[label]
+        lines.append(
+            f"| {name} | {_spread(point['ours_us'])} | {_spread(point['theirs_us'])} | {_spread(point['ratio'], 2)} |"
+        )
+    return [*lines, ""]
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = _header(results) + _targets_table(results["targets"]) + _overhead_table(results)
     lines += _concurrency_table(results) + _scale_table(results) + _parallel_table(results)
+    lines += _tenxgraph_table(results)
     return "\n".join(lines)
 
 

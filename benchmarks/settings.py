@@ -29,6 +29,9 @@ class Settings:
     parallel_sizes: tuple[int, ...]
     parallel_rounds: int
     parallel_block: int
+    #: Section 7 (10xGraph's PgCheckpointer, async, in a Python 3.12 subprocess): rounds; calls per block.
+    tenxgraph_rounds: int
+    tenxgraph_block: int
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,6 +53,8 @@ FULL = Settings(
     parallel_sizes=(1, 8, 32),
     parallel_rounds=80,
     parallel_block=10,
+    tenxgraph_rounds=80,
+    tenxgraph_block=10,
 )
 
 QUICK = Settings(
@@ -68,4 +73,6 @@ QUICK = Settings(
     parallel_sizes=(1, 8, 32),
     parallel_rounds=4,
     parallel_block=2,
+    tenxgraph_rounds=4,
+    tenxgraph_block=5,
 )
