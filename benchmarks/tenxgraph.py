@@ -10,6 +10,7 @@ section says "not measured" and the run goes on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from ._env import Scratch, libpq_url
@@ -134,5 +136,5 @@ def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dic
 
 
 def _drop(scratch: Scratch, schema: str) -> None:
-    with scratch.postgres_connect() as conn:
+    with contextlib.suppress(psycopg.Error), scratch.postgres_connect() as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -13,8 +13,9 @@ event loop, against the same PostgreSQL, in paired rounds:
   thread row ensured, the result inserted) for a first call; the lookup alone for a replay.
 
 It creates one schema of its own (named in the spec), drops it at the end, and prints one JSON
-object: the seconds per call of every configuration, one value per round. Only the standard
-library, replaysafe, psycopg and 10xgraph are imported: it does not run in the benchmark's venv.
+object: the seconds per call of every configuration, one value per round. It imports the
+benchmark's own modules but none of its extras (Powertools, matplotlib): the adapter's
+environment has what they need (replaysafe with psycopg, 10xgraph with redis and asyncpg).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import importlib.metadata
 import json
 import platform
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -36,6 +36,7 @@ from tenxgraph.storage.checkpointer import PgCheckpointer
 from replaysafe import PostgresLedger, replay_safe, tool_call
 
 from ._stats import paired_rounds
+from .overhead import raw_async
 
 THREAD = "t"
 ORDER_ID = "42"
@@ -82,19 +83,6 @@ class Sides:
         return result
 
 
-def _block(
-    loop: asyncio.AbstractEventLoop, call: Callable[[str], Awaitable[Any]], ids: Callable[[int], list[str]]
-) -> Callable[[int], float]:
-    async def run(r: int) -> float:
-        keys = ids(r)
-        start = time.perf_counter()
-        for message_id in keys:
-            await call(message_id)
-        return time.perf_counter() - start
-
-    return lambda r: loop.run_until_complete(run(r))
-
-
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     schema, calls = spec["schema"], spec["block"]
     with psycopg.connect(spec["dsn"], autocommit=True) as admin:
@@ -110,10 +98,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                 assert first == {"refunded": ORDER_ID}, first
         recorded = sides.runs
         blocks = {
-            "ours.first_call": _block(loop, sides.ours_call, lambda r: [f"o{r}-{i}" for i in range(calls)]),
-            "theirs.first_call": _block(loop, sides.theirs_call, lambda r: [f"x{r}-{i}" for i in range(calls)]),
-            "ours.replay": _block(loop, sides.ours_call, lambda r: hits),
-            "theirs.replay": _block(loop, sides.theirs_call, lambda r: hits),
+            "ours.first_call": raw_async(loop, sides.ours_call, lambda r: [f"o{r}-{i}" for i in range(calls)]),
+            "theirs.first_call": raw_async(loop, sides.theirs_call, lambda r: [f"x{r}-{i}" for i in range(calls)]),
+            "ours.replay": raw_async(loop, sides.ours_call, lambda r: hits),
+            "theirs.replay": raw_async(loop, sides.theirs_call, lambda r: hits),
         }
         per_call = paired_rounds(blocks, rounds=spec["rounds"], calls=calls, warmup=spec["warmup"])
         first_calls = 2 * calls * (spec["rounds"] + spec["warmup"])
