@@ -83,7 +83,8 @@ def _utf8(text: str) -> bytes:
 
 def _micros(value: dt.datetime) -> str:
     """A timestamp as integer microseconds since the epoch: exact, and comparable in Lua."""
-    return str((value - _EPOCH) // _MICROSECOND)
+    since = value - _EPOCH  # integer arithmetic on its fields: half the time of ``since // _MICROSECOND``
+    return str((since.days * 86400 + since.seconds) * 1000000 + since.microseconds)
 
 
 def _at(micros: bytes) -> dt.datetime:
