@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import uuid
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -273,6 +274,25 @@ def _from_drivers() -> Handed:
     return _handed
 
 
+#: The ledgers of this process that hold a lock or connections: a forked child makes each
+#: forget what it shares with the parent.
+_ledgers: weakref.WeakSet[LedgerBase] = weakref.WeakSet()
+
+
+def forget_in_forked_child(ledger: LedgerBase) -> None:
+    """Have a forked child call ``ledger._forget_parent()``; a backend calls it at the end of its
+    ``__init__``, once what that forgets is built."""
+    _ledgers.add(ledger)
+
+
+def _after_fork_in_child() -> None:
+    for ledger in list(_ledgers):
+        ledger._forget_parent()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class LedgerBase:
     """What every ledger shares: context management, lazy open, retry settings, resolve."""
 
@@ -288,6 +308,11 @@ class LedgerBase:
         self.retry = retry or RetryPolicy()
         self.sealer = Sealer.from_setting(signing_key)
         self._aio: AsyncLedger | None = None
+
+    def _forget_parent(self) -> None:
+        """In a forked child: replace what the parent's threads may hold (a lock) and what its
+        sockets are (connections), which the child must never use. A backend that holds any says
+        how, and registers with ``forget_in_forked_child``."""
 
     @property
     def aio(self) -> AsyncLedger:

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import os
 import re
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -28,7 +26,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from .._clock import utcnow
 from .._identity import key_digest
 from .._records import CallKey, ClaimResult, Record, Status, expires_at
-from ._protocol import LedgerBase, RetryPolicy, SigningKey
+from ._protocol import LedgerBase, RetryPolicy, SigningKey, forget_in_forked_child
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
@@ -305,15 +303,6 @@ class Operations:
         return batch
 
 
-# Ledgers whose pooled connections a forked child must not reuse.
-_open_ledgers: weakref.WeakSet[SqlLedger] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for ledger in list(_open_ledgers):
-        ledger._forget_parent_connections()
-
-
 class SqlLedger(LedgerBase):
     """A ledger in one SQL table: SQLAlchemy makes the table, ``ops`` the statements, ``run`` runs them."""
 
@@ -349,7 +338,7 @@ class SqlLedger(LedgerBase):
         self._owns_engine = engine is None
         self._schema_ready = False
         self._engine_lock = threading.Lock()
-        _open_ledgers.add(self)
+        forget_in_forked_child(self)
 
     # --- engine lifecycle ------------------------------------------------------
 
@@ -386,7 +375,7 @@ class SqlLedger(LedgerBase):
         statements += [CreateIndex(i, if_not_exists=True) for i in self.table.indexes]
         return [str(s.compile(dialect=dialect)).strip() for s in statements]
 
-    def _forget_parent_connections(self) -> None:
+    def _forget_parent(self) -> None:
         self._engine_lock = threading.Lock()  # a fork may copy it held by another thread
         if self._engine is not None and self._owns_engine:
             self._engine.dispose(close=False)
@@ -460,6 +449,3 @@ class SqlLedger(LedgerBase):
     def records(self, *, thread_id: str | None = None) -> Iterator[Record]:
         result: Iterator[Record] = self.run(self.ops.records(thread_id))
         return result
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

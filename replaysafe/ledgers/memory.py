@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 
 from .._records import CallKey, ClaimResult, Record, Status
-from ._protocol import LedgerBase, RetryPolicy, SigningKey
-
-# Ledgers whose lock a forked child must replace.
-_open_ledgers: weakref.WeakSet[MemoryLedger] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for ledger in list(_open_ledgers):
-        ledger._forget_parent_lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+from ._protocol import LedgerBase, RetryPolicy, SigningKey, forget_in_forked_child
 
 
 class MemoryLedger(LedgerBase):
@@ -36,9 +23,9 @@ class MemoryLedger(LedgerBase):
         super().__init__(retry=retry, signing_key=signing_key)
         self._lock = threading.Lock()
         self._records: dict[CallKey, Record] = {}
-        _open_ledgers.add(self)
+        forget_in_forked_child(self)
 
-    def _forget_parent_lock(self) -> None:
+    def _forget_parent(self) -> None:
         # A fork may copy the lock held by another thread of the parent: it would never be released.
         self._lock = threading.Lock()
 

@@ -466,8 +466,8 @@ class PostgresLedger(SqlLedger):
             watchdog.disarm(token)
             self._pool.put(held)
 
-    def _forget_parent_connections(self) -> None:
-        super()._forget_parent_connections()
+    def _forget_parent(self) -> None:
+        super()._forget_parent()
         self._orphans.append(self._pool)
         self._pool = _Pool(self._connect, self.pool_size)
         if self._aio_pg is not None:

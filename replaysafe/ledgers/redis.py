@@ -23,7 +23,6 @@ import asyncio
 import datetime as dt
 import functools
 import hashlib
-import os
 import re
 import urllib.parse
 import warnings
@@ -44,7 +43,15 @@ from redis.retry import Retry
 from .._errors import ReplaySafeWarning
 from .._records import CallKey, ClaimResult, Record, Status, expires_at
 from ._options import io_timeouts, split_url_options
-from ._protocol import TRANSIENT_FIX, AsyncLedger, LedgerBase, LedgerFault, RetryPolicy, SigningKey
+from ._protocol import (
+    TRANSIENT_FIX,
+    AsyncLedger,
+    LedgerBase,
+    LedgerFault,
+    RetryPolicy,
+    SigningKey,
+    forget_in_forked_child,
+)
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -734,18 +741,6 @@ def _warn_if_unbounded(client: Any) -> None:
         )
 
 
-# Ledgers whose connections a forked child must not reuse.
-_open_ledgers: weakref.WeakSet[RedisLedger] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for ledger in list(_open_ledgers):
-        ledger._forget_parent_connections()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 class RedisLedger(LedgerBase):
     """A ledger in Redis, shared by every worker that points at it.
 
@@ -840,7 +835,7 @@ class RedisLedger(LedgerBase):
         self._aio_redis: _AsyncRedisLedger | None = None
         # Clients a forked child inherited: kept, never used or closed (the parent's sockets).
         self._orphans: list[Any] = []
-        _open_ledgers.add(self)
+        forget_in_forked_child(self)
 
     def __repr__(self) -> str:
         return f"RedisLedger({self._where()}, prefix={self.prefix!r})"
@@ -919,7 +914,7 @@ class RedisLedger(LedgerBase):
             self._client.close()
             self._client = None
 
-    def _forget_parent_connections(self) -> None:
+    def _forget_parent(self) -> None:
         """In a forked child: connect afresh. A socket shared with the parent would mix
         the two processes' commands and replies."""
         if self._held is not None:
