@@ -2,13 +2,16 @@
 
 A block's info string says what happens to it:
 
-- ``python``: runs as a program of its own, in a fresh interpreter and an empty directory.
+- ``python``: runs as a program of its own, in a fresh interpreter and an empty directory (the adapters'
+  READMEs included: their examples run on each framework's own offline test model).
 - ``python continuation``: runs after the previous ``python`` block of the same file, in the same program
   (for a guide that builds one example over several blocks).
 - ``sh`` / ``bash`` / ``console``: runs in ``bash -eu``, in an empty directory, with this environment's
   ``bin`` first on PATH (so ``replaysafe`` is the CLI of this checkout).
 - ``<language> notest``: shown, not run (a signature, an output sample, a fragment, a command that takes
-  longer than a test may). Any language other than the ones above must say ``notest``.
+  longer than a test may). Any language other than the ones above must say ``notest``. The 10xGraph
+  adapter's example says ``notest`` here because 10xGraph needs Python 3.12: its own suite runs it
+  (``integrations/tenxgraph/run-tests``).
 
 Every ``pip install`` line, in any block (``notest`` included) or inline code, is checked against this
 checkout: a local path holds a project with the extras named, a ``replaysafe*`` name is one of the
@@ -65,13 +68,17 @@ def alert_operator(*details):
 """
 
 #: Runs a block: the prelude, then the block's code compiled under the document's name, so that a
-#: traceback points at the document's own line numbers.
+#: traceback points at the document's own line numbers. ``__file__`` and ``sys.argv`` are those of
+#: ``python block.py``, so a block may start itself as a subprocess (an MCP server over stdio); run so,
+#: it runs without the prelude.
 DRIVER = """\
 import sys
-namespace = {"__name__": "__main__"}
-exec(sys.argv[1], namespace)
-with open(sys.argv[2], encoding="utf-8") as source:
-    exec(compile(source.read(), sys.argv[3], "exec"), namespace)
+prelude, path, name = sys.argv[1:4]
+sys.argv = [path]
+namespace = {"__name__": "__main__", "__file__": path}
+exec(prelude, namespace)
+with open(path, encoding="utf-8") as source:
+    exec(compile(source.read(), name, "exec"), namespace)
 """
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*)$")
