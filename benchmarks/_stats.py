@@ -66,6 +66,11 @@ def ratios(per_call: Mapping[str, Sequence[float]], numerator: str, denominator:
     return [a / b for a, b in zip(per_call[numerator], per_call[denominator], strict=True) if b > 0]
 
 
+def excess_ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
+    """The per-round ratio of two series of per-round values (a round whose denominator is not positive is left out)."""
+    return [a / b for a, b in zip(numerators, denominators, strict=True) if b > 0]
+
+
 def differences(per_call: Mapping[str, Sequence[float]], minuend: str, subtrahend: str) -> list[float]:
     """The per-round difference of two configurations' times (seconds per call)."""
     return [a - b for a, b in zip(per_call[minuend], per_call[subtrahend], strict=True)]

@@ -19,14 +19,17 @@ import typing
 import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 import redis
 import redis.asyncio
 from psycopg import sql
 
-from replaysafe import Ledger, replay_safe
+if TYPE_CHECKING:
+    from ._env import Scratch
+
+from replaysafe import Ledger, MemoryLedger, PostgresLedger, RedisLedger, SqliteLedger, replay_safe
 
 #: The argument every benchmarked call passes, and what the tool returns for it.
 ORDER_ID = "42"
@@ -72,6 +75,18 @@ class Tools:
 
         self.sync: Callable[[str], dict[str, str]] = refund
         self.aio: Callable[[str], Awaitable[dict[str, str]]] = arefund
+
+
+def ledgers(scratch: Scratch, name: str) -> dict[str, Callable[[], Ledger] | None]:
+    """A factory of every kind of ledger, each on its own place named ``name`` in the run's scratch (a
+    SQLite file, a PostgreSQL table, a Redis key prefix); ``None`` for a server that did not answer."""
+    postgres, redis_url = scratch.postgres_url, scratch.redis_url
+    return {
+        "memory": MemoryLedger,
+        "sqlite": lambda: SqliteLedger(scratch.directory / f"{name}.db"),
+        "postgres": (lambda: PostgresLedger(postgres, schema=scratch.schema, table=name)) if postgres else None,
+        "redis": (lambda: RedisLedger(redis_url, prefix=f"{scratch.prefix}:{name}")) if redis_url else None,
+    }
 
 
 def key_digest(thread_id: str, message_id: str, tool_call_id: str) -> str:
@@ -261,8 +276,9 @@ class RedisHeldFloor:
 
     def __init__(self, url: str) -> None:
         self._pool = redis.ConnectionPool.from_url(url)
-        self._conn = self._pool.make_connection()
-        self._conn.connect()
+        connection: Any = self._pool.make_connection()  # redis-py leaves its connection methods untyped
+        connection.connect()
+        self._conn = connection
         self._claim = json.dumps({"status": "running", "owner": _OWNER, "digest": _DIGEST})
         self._done = json.dumps({"status": "completed", "owner": _OWNER, "digest": _DIGEST, "result": _RESULT})
 

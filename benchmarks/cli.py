@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import concurrency, overhead, parallel, report, scale, tenxgraph
+from . import concurrency, overhead, parallel, report, scale, tenxgraph, threads
 from ._env import Scratch, cpus_kept_awake, load_average, machine_info
 from ._progress import progress
 from .settings import FULL, QUICK
@@ -22,6 +22,7 @@ RESULTS = Path(__file__).parent / "results"
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "overhead": overhead.run,
     "concurrency": concurrency.run,
+    "threads": threads.run,
     "parallel": parallel.run,
     "tenxgraph": tenxgraph.run,  # in the 10xGraph adapter's Python 3.12 environment, as a subprocess
     "scale": scale.run,  # last: its big loads may leave the servers busy for a while
@@ -65,10 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     results: dict[str, Any] = {}
+    quiet_start = load_average()  # before the spinners start: they add to the load average themselves
     try:
         with Scratch.discover() as scratch, cpus_kept_awake(not args.idle_cpus) as spinners:
             _log(f"postgres: {scratch.postgres_url or 'not answering'}; redis: {scratch.redis_url or 'not answering'}")
             results["meta"] = machine_info(scratch)
+            results["meta"]["load_average_at_start"] = quiet_start
             results["meta"]["cpu_spinners"] = spinners
             warning = report.load_warning(results["meta"])
             if warning:
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         _log("interrupted: the run's schema, keys and files are removed; nothing written")
         return 130
     results["meta"]["settings"] = settings.as_dict()
-    results["meta"]["load_average_at_end"] = load_average()
+    results["meta"]["load_average_at_end"] = load_average()  # the spinners and this process counted out (report)
     results["meta"]["load_warning"] = report.load_warning(results["meta"])
     results["meta"]["duration_s"] = round(time.perf_counter() - started, 1)
     results["targets"] = report.targets(results)

@@ -15,13 +15,14 @@ median is reported. Kinds of load:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from replaysafe import Ledger, PostgresLedger, RedisLedger, tool_call
+from replaysafe import Ledger, tool_call
 
 from . import _subjects as subjects
 from ._env import Scratch
@@ -120,7 +121,7 @@ async def _race_tasks(tools: subjects.Tools, callers: int, message_id: str) -> f
     return time.perf_counter() - started
 
 
-class _Load:
+class Load:
     """The sync and async calls of each kind of load, on one ledger."""
 
     def __init__(self, ledger: Ledger, loop: asyncio.AbstractEventLoop, max_callers: int) -> None:
@@ -174,15 +175,28 @@ class _Load:
         }
 
 
-def _ledgers(scratch: Scratch) -> dict[str, Callable[[], Ledger] | None]:
-    postgres = scratch.postgres_url
-    redis_url = scratch.redis_url
-    return {
-        "postgres": (lambda: PostgresLedger(postgres, schema=scratch.schema, table="concurrency"))
-        if postgres
-        else None,
-        "redis": (lambda: RedisLedger(redis_url, prefix=f"{scratch.prefix}:conc")) if redis_url else None,
-    }
+@contextlib.contextmanager
+def loaded(factory: Callable[[], Ledger], max_callers: int) -> Iterator[Load]:
+    """A ledger from ``factory`` with the recorded calls the hit loads replay; closed (and its loop) at the end."""
+    ledger = factory()
+    loop = asyncio.new_event_loop()
+    try:
+        yield Load(ledger, loop, max_callers)
+    finally:
+        closer = getattr(ledger, "aclose", None)
+        if closer is not None:
+            loop.run_until_complete(closer())
+        ledger.close()
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+#: Where a sync tool runs when its callers are threads (sections 4 and 7).
+SYNC_CALLERS = (
+    "sync callers are threads: under the default timeout each tool runs in its caller's thread (the deadline is "
+    "kept by the lease, no worker hand-off; only an explicit timeout= moves a sync tool called off the main "
+    "thread to replaysafe's worker pool)"
+)
 
 
 def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dict[str, Any]:
@@ -190,18 +204,16 @@ def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dic
         "callers": list(settings.callers),
         "seconds_per_point": settings.seconds,
         "repeats": settings.repeats,
-        "note": "sync callers are threads (default 300 s timeout: each call's tool runs in replaysafe's worker "
-        "pool, since SIGALRM only works in the main thread); async callers are tasks on one event loop",
+        "note": f"{SYNC_CALLERS}; async callers are tasks on one event loop",
     }
-    for name, factory in _ledgers(scratch).items():
+    every = subjects.ledgers(scratch, "concurrency")
+    for name in ("postgres", "redis"):
+        factory = every[name]
         if factory is None:
             results[name] = {"skipped": f"no {name} server answered"}
             continue
         log(f"concurrency: {name}")
-        ledger = factory()
-        loop = asyncio.new_event_loop()
-        try:
-            load = _Load(ledger, loop, max(settings.callers))
+        with loaded(factory, max(settings.callers)) as load:
             samples: dict[tuple[str, str, int], list[float]] = {}
             points = [(m, k, c) for m in ("sync", "async") for k in KINDS for c in settings.callers]
             for _ in range(settings.repeats):
@@ -217,11 +229,4 @@ def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dic
                     for c in settings.callers
                 }
             results[name] = entry
-        finally:
-            closer = getattr(ledger, "aclose", None)
-            if closer is not None:
-                loop.run_until_complete(closer())
-            ledger.close()
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
     return results

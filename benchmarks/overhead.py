@@ -9,6 +9,7 @@ a hit a replay of a recorded call.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import time
@@ -23,7 +24,7 @@ from replaysafe import Ledger, MemoryLedger, PostgresLedger, RedisLedger, Sqlite
 
 from . import _subjects as subjects
 from ._env import Scratch, libpq_url
-from ._stats import Block, differences, micros, paired_rounds, ratios, summary
+from ._stats import Block, differences, excess_ratios, micros, paired_rounds, ratios, summary
 from ._wire import relayed
 from .settings import Settings
 
@@ -42,6 +43,8 @@ class Group:
     closers: list[Callable[[], None]]
     notes: list[str]
     round_trips: dict[str, int] | None = None
+    #: The library's CPU (memory ledger): configuration -> the bare call it is taken over, per round.
+    library_cpu: dict[str, str] | None = None
 
 
 def _miss_ids(r: int, calls: int, tag: str) -> list[tuple[str, str, str]]:
@@ -212,16 +215,23 @@ def in_a_thread(block: Block) -> Block:
 
 
 def _timeout_mechanisms(blocks: dict[str, Block], ledger: Ledger, calls: int) -> list[tuple[str, str, str]]:
-    """The default timeout's cost on a first call: the SIGALRM timer, and the worker-thread hand-off."""
-    untimed = replay_safe(ledger=ledger, timeout=None, name="untimed")(subjects.refund_body)
-    timed = replay_safe(ledger=ledger, timeout=300, name="timed")(subjects.refund_body)
-    blocks["timeout.none.main.miss"] = ours_sync(untimed, lambda r: _miss_ids(r, calls, "tn"))
-    blocks["timeout.alarm.main.miss"] = ours_sync(timed, lambda r: _miss_ids(r, calls, "ta"))
-    blocks["timeout.none.thread.miss"] = in_a_thread(ours_sync(untimed, lambda r: _miss_ids(r, calls, "tu")))
-    blocks["timeout.worker.thread.miss"] = in_a_thread(ours_sync(timed, lambda r: _miss_ids(r, calls, "tw")))
+    """What a timeout costs a first call over ``timeout=None``, in the main thread and in another: the
+    default one (kept by the lease, the tool runs in the caller's thread) and an explicit one (a hard
+    deadline: the SIGALRM timer in the main thread, the worker-thread hand-off in another)."""
+    tools = {
+        "none": replay_safe(ledger=ledger, timeout=None, name="untimed")(subjects.refund_body),
+        "default": replay_safe(ledger=ledger, name="default")(subjects.refund_body),
+        "explicit": replay_safe(ledger=ledger, timeout=300, name="timed")(subjects.refund_body),
+    }
+    for timeout, tool in tools.items():
+        for where in ("main", "thread"):
+            tag = f"t{where[0]}{timeout}"
+            block = ours_sync(tool, functools.partial(_miss_ids, calls=calls, tag=tag))
+            blocks[f"timeout.{timeout}.{where}.miss"] = block if where == "main" else in_a_thread(block)
     return [
-        ("timeout.alarm", "timeout.alarm.main.miss", "timeout.none.main.miss"),
-        ("timeout.worker", "timeout.worker.thread.miss", "timeout.none.thread.miss"),
+        (f"timeout.{timeout}.{where}", f"timeout.{timeout}.{where}.miss", f"timeout.none.{where}.miss")
+        for timeout in ("default", "explicit")
+        for where in ("main", "thread")
     ]
 
 
@@ -263,7 +273,8 @@ def memory_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEve
             closers.append(cached.close)
     else:
         notes.append("aws-lambda-powertools is not installed (pip install -e '.[bench]'): no alternative measured")
-    return Group("memory", blocks, settings.memory_rounds, compare, closers, notes)
+    cpu = {config: f"floor.{config.split('.')[-2]}" for config in blocks if config.startswith(("ours.", "powertools"))}
+    return Group("memory", blocks, settings.memory_rounds, compare, closers, notes, library_cpu=cpu)
 
 
 def sqlite_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEventLoop) -> Group:
@@ -417,6 +428,27 @@ def _call(tools: subjects.Tools, message_id: str) -> None:
         tools.sync(subjects.ORDER_ID)
 
 
+def library_cpu(per_call: dict[str, list[float]], bare: dict[str, str]) -> dict[str, Any]:
+    """Each configuration's CPU over a bare call, in microseconds and in JSON round trips
+    (``json.dumps`` + ``json.loads`` of the result, timed in the same round); and the async
+    calls' library CPU over the sync ones'. All per round."""
+    cpu = {
+        config: [a - b for a, b in zip(per_call[config], per_call[floor], strict=True)]
+        for config, floor in bare.items()
+    }
+    reference = per_call["reference.json"]
+    found: dict[str, Any] = {
+        "library_cpu": {
+            config: {"us": micros(values), "vs_json": summary(excess_ratios(values, reference))}
+            for config, values in cpu.items()
+        }
+    }
+    found["async_vs_sync"] = {
+        kind: summary(excess_ratios(cpu[f"ours.async.{kind}"], cpu[f"ours.sync.{kind}"])) for kind in ("miss", "hit")
+    }
+    return found
+
+
 def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dict[str, Any]:
     """Every ledger's paired rounds; returns the ``overhead``, ``floor`` and ``alternative`` sections."""
     builders: list[tuple[str, Callable[..., Group], bool]] = [
@@ -450,6 +482,8 @@ def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dic
         }
         if group.round_trips is not None:
             overhead[name]["round_trips"] = group.round_trips
+        if group.library_cpu:
+            overhead[name].update(library_cpu(per_call, group.library_cpu))
         for label, numerator, denominator in group.compare:
             entry = {
                 "ours": numerator,

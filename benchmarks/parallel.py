@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from replaysafe import CallKey, Ledger, MemoryLedger, PostgresLedger, RedisLedger, SqliteLedger, tool_call
+from replaysafe import CallKey, Ledger, tool_call
 
 from . import _subjects as subjects
 from ._env import Scratch
@@ -46,23 +46,12 @@ def _blocks(ledger: Ledger, tools: subjects.Tools, keys: list[CallKey], repeats:
     return {"get_many": get_many, "get_each": get_each, "replay_each": replay_each}
 
 
-def _ledgers(scratch: Scratch) -> dict[str, Callable[[], Ledger] | None]:
-    postgres = scratch.postgres_url
-    redis_url = scratch.redis_url
-    return {
-        "memory": MemoryLedger,
-        "sqlite": lambda: SqliteLedger(scratch.directory / "parallel.db"),
-        "postgres": (lambda: PostgresLedger(postgres, schema=scratch.schema, table="parallel")) if postgres else None,
-        "redis": (lambda: RedisLedger(redis_url, prefix=f"{scratch.prefix}:par")) if redis_url else None,
-    }
-
-
 def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dict[str, Any]:
     results: dict[str, Any] = {
         "sizes": list(settings.parallel_sizes),
         "note": "per node: the time to read N records; replay_each is N decorated replays, one claim each",
     }
-    for name, factory in _ledgers(scratch).items():
+    for name, factory in subjects.ledgers(scratch, "parallel").items():
         if factory is None:
             results[name] = {"skipped": f"no {name} server answered"}
             continue

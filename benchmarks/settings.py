@@ -21,6 +21,10 @@ class Settings:
     seconds: float
     repeats: int
     races: int
+    #: Section 8: sync callers (threads) for the thread scaling, seconds per point, repeats (paired per repeat).
+    threads: tuple[int, ...]
+    thread_seconds: float
+    thread_repeats: int
     #: Section 5: records already in each ledger; rounds; records per memory-footprint sample.
     scale_sizes: tuple[int, ...]
     scale_rounds: int
@@ -47,6 +51,9 @@ FULL = Settings(
     seconds=0.5,
     repeats=5,
     races=20,
+    threads=(1, 2, 4, 8, 16),
+    thread_seconds=0.3,
+    thread_repeats=5,
     scale_sizes=(1_000, 100_000, 1_000_000),
     scale_rounds=80,
     memory_records=20_000,
@@ -67,6 +74,9 @@ QUICK = Settings(
     seconds=0.05,
     repeats=1,
     races=2,
+    threads=(1, 2, 4, 8, 16),
+    thread_seconds=0.03,
+    thread_repeats=2,
     scale_sizes=(100, 1_000, 10_000),
     scale_rounds=5,
     memory_records=2_000,

@@ -11,7 +11,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("meta", "overhead", "floor", "alternative", "concurrency", "scale", "parallel", "tenxgraph", "targets")
+SECTIONS = (
+    "meta",
+    "overhead",
+    "floor",
+    "alternative",
+    "concurrency",
+    "threads",
+    "scale",
+    "parallel",
+    "tenxgraph",
+    "targets",
+)
 
 
 @pytest.mark.slow
@@ -37,7 +48,7 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
     assert set(written) == {".md", ".json", ".png"}, sorted(tmp_path.iterdir())
     results = json.loads(written[".json"].read_text())
     assert set(SECTIONS) <= set(results)
-    for section in ("overhead", "concurrency", "scale", "parallel"):
+    for section in ("overhead", "concurrency", "threads", "scale", "parallel"):
         skipped = [name for name, data in results[section].items() if isinstance(data, dict) and "skipped" in data]
         assert not skipped, f"{section}: {skipped} were skipped"
     assert {"memory", "redis"} <= set(results["alternative"]), "the Powertools comparison did not run"
@@ -52,19 +63,27 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
             assert tenxgraph[call]["ratio"]["median"] > 0, tenxgraph
     unmeasured = [row for row in results["targets"] if row["met"] is None]
     assert results["targets"] and len(unmeasured) <= (2 if "skipped" in tenxgraph else 0), unmeasured
+    assert all("10xGraph" in row["target"] for row in unmeasured), unmeasured
+    # Issue 11's targets: library CPU in JSON round trips, async / sync, thread scaling, replay latency on every ledger.
+    names = " | ".join(row["target"] for row in results["targets"])
+    for needle in ("JSON round trip", "async / sync", "16 threads / at 1", "replay latency, memory", "10xGraph"):
+        assert needle in names, needle
+    assert {"memory", "sqlite", "postgres", "redis"} <= set(results["threads"])
+    assert "memory" in results["scale"] and "bytes_per_record" in results["scale"]["memory_footprint"]
     markdown = written[".md"].read_text()
-    assert "## Targets" in markdown and "## 7. Against 10xGraph" in markdown
+    assert "## Targets" in markdown and "## 7. Against 10xGraph" in markdown and "## 8. Thread scaling" in markdown
     assert written[".png"].read_bytes().startswith(b"\x89PNG")
     # The terminal gets a short summary: one line per target, and where the full report is.
     met = sum(row["met"] is True for row in results["targets"])
     missed = sum(row["met"] is False for row in results["targets"])
     assert f"targets: {met} met, {missed} missed, {len(unmeasured)} not measured" in done.stdout
-    assert len([line for line in done.stdout.splitlines() if line.startswith(("  met", "  MISSED"))]) == met + missed
+    verdicts = ("  met", "  MISSED", "  not measured")
+    assert len([line for line in done.stdout.splitlines() if line.startswith(verdicts)]) == len(results["targets"])
     assert str(written[".md"]) in done.stdout and "## Targets" not in done.stdout
     # A busy machine is said to be so, in the results and in both outputs; a quiet one is not.
     meta = results["meta"]
-    busy = any(load and load[0] > meta["machine"]["cores"] for load in (meta["load_average_at_start"],
-               meta["load_average_at_end"]))  # fmt: skip
+    cores, own = meta["machine"]["cores"], meta["cpu_spinners"] + 1
+    busy = meta["load_average_at_start"][0] > cores or meta["load_average_at_end"][0] - own > cores
     assert (meta["load_warning"] is not None) == busy
     if busy:
         assert meta["load_warning"] in markdown and f"WARNING: {meta['load_warning']}" in done.stdout
@@ -77,19 +96,36 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
     assert "context.synchronous_commit_off.sync.miss" in results["floor"]["postgres"]
     assert "### Context" in markdown and "round trips on the wire" in markdown
     # The progress bar names the sections on stderr.
-    sections = ("overhead", "concurrency", "parallel", "tenxgraph", "scale")
-    assert all(f"/5] {section}" in done.stderr for section in sections)
+    from benchmarks.cli import SECTIONS as RUN
+
+    assert all(f"/{len(RUN)}] {section}" in done.stderr for section in RUN)
 
 
 @pytest.mark.parametrize(
-    ("start", "end", "warned"),
-    [([0.5, 1, 1], [1.9, 1, 1], False), ([2.5, 1, 1], [0.1, 1, 1], True), ([0.2, 0, 0], [7.0, 3, 1], True)],
+    ("start", "end", "spinners", "warned"),
+    [
+        ([0.5, 1, 1], [1.9, 1, 1], 0, False),
+        ([2.5, 1, 1], [0.1, 1, 1], 0, True),
+        ([0.2, 0, 0], [7.0, 3, 1], 0, True),
+        # The run's own spinner and process are runnable all along: counted out of the end reading.
+        ([0.2, 0, 0], [3.9, 2, 1], 1, False),
+        ([0.2, 0, 0], [4.1, 2, 1], 1, True),
+        ([0.2, 0, 0], [3.9, 2, 1], 0, True),
+    ],
 )
-def test_a_load_above_the_core_count_is_warned_of(start: list[float], end: list[float], warned: bool) -> None:
-    """The 1-minute load average above the cores, at the start or the end, makes the run's figures unreliable."""
+def test_a_load_above_the_core_count_is_warned_of(
+    start: list[float], end: list[float], spinners: int, warned: bool
+) -> None:
+    """The 1-minute load average above the cores, at the start (before the run's spinners start) or the end
+    (less the run's own spinners and process), makes the run's figures unreliable."""
     from benchmarks import report
 
-    meta = {"machine": {"cores": 2}, "load_average_at_start": start, "load_average_at_end": end}
+    meta = {
+        "machine": {"cores": 2},
+        "load_average_at_start": start,
+        "load_average_at_end": end,
+        "cpu_spinners": spinners,
+    }
     warning = report.load_warning(meta)
     assert (warning is not None) == warned
     if warning is not None:
