@@ -10,6 +10,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ._constants import NODE_TIMEOUT
+from ._keys import reserved_id
 from ._records import CallKey
 
 if TYPE_CHECKING:
@@ -230,6 +231,10 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
     and the next call of the same key runs it again, its completed steps replaying.
     ``missing_ids_fix`` is what the warning about a missing id tells the user to do (an
     adapter names its own option), instead of the generic advice.
+
+    Ids in replaysafe's own key spaces raise ``InvalidCallIdError``: the thread id
+    ``replaysafe:key``, the message id ``replaysafe:args`` and a tool call id of a step's
+    form (``call_1>charge#1``: a ``>``, then at its end ``#`` and a number).
     """
 
     __slots__ = ("scope",)
@@ -254,6 +259,12 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
             _check_id("message_id", message_id),
             _check_id("tool_call_id", tool_call_id),
         )
+        reserved = reserved_id(key)
+        if reserved is not None:
+            from ._errors import InvalidCallIdError
+
+            field, why = reserved
+            raise InvalidCallIdError(f"tool_call(): {field} {getattr(key, field)[:80]!r} {why}")
         self.scope = CallScope(
             key,
             ledger,

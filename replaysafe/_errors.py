@@ -121,7 +121,8 @@ class MissingCallIdError(ReplaySafeError):
 
 
 class InvalidCallIdError(ReplaySafeError, ValueError):
-    """An id no ledger can store faithfully (a NUL byte, a lone surrogate, over 64 KB)."""
+    """An id no ledger can store faithfully (a NUL byte, a lone surrogate, over 64 KB), or one in a key
+    space replaysafe keeps for itself (a step's, a chosen key's)."""
 
 
 class ArgumentDigestError(ReplaySafeError, TypeError):

@@ -20,6 +20,36 @@ ARGS_MESSAGE_ID = "replaysafe:args"
 BUSINESS_THREAD_ID = "replaysafe:key"
 # A step's call id: its parent's, then ">" the step's tool name "#" its ordinal.
 _STEP_SUFFIX = re.compile(r"#([1-9][0-9]*)\Z")
+# Any id of that form, whatever the tool's name: a call of its own under it could share a step's record.
+_STEP_FORM = re.compile(r">.*#[1-9][0-9]*\Z", re.DOTALL)
+
+
+def reserved_id(key: CallKey) -> tuple[str, str] | None:
+    """``(field, what is wrong and what to do)`` when ``tool_call(...)`` ids fall in a key space
+    replaysafe makes keys in, else ``None``.
+
+    Only what can collide is reserved, so that every id a framework gives is accepted: the
+    thread id of business keys, the message id of ``key="args"`` calls, and a tool call id
+    of a step's form (a ``>``, then at its end ``#`` and an ordinal). A ``>`` or a ``#``
+    alone is an ordinary character.
+    """
+    if key.thread_id == BUSINESS_THREAD_ID:
+        return "thread_id", (
+            "is reserved: replaysafe keeps the calls of tools with a business key (@replay_safe(key=function)) "
+            "under it, so a call of its own there could be handed one of theirs. Use the conversation's thread id."
+        )
+    if key.message_id == ARGS_MESSAGE_ID:
+        return "message_id", (
+            'is reserved: replaysafe keeps the calls of tools with @replay_safe(key="args") under it, so a call of '
+            "its own there could be handed one of theirs. Use the id of the message that asked for the call."
+        )
+    if ">" in key.tool_call_id and _STEP_FORM.search(key.tool_call_id) is not None:
+        return "tool_call_id", (
+            "has the reserved form of a step's id (<parent tool_call_id>><tool>#<n>, e.g. call_1>charge#1), under "
+            "which replaysafe keeps the calls a tool makes inside another, so a call of its own could be handed a "
+            "step's result. Use the id the framework gave the call, or leave the '>' out of ids you make yourself."
+        )
+    return None
 
 
 def step_key(parent: CallKey, tool_name: str, ordinal: int) -> CallKey:

@@ -11,15 +11,26 @@ from typing import Any
 
 import pytest
 from anthropic.types import Message, MessageParam
-from openai.types.chat import ChatCompletionMessageParam
-from openai.types.responses import ResponseInputItemParam
+from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from openai.types.responses import Response, ResponseInputItemParam
 from pydantic import TypeAdapter
 
 import replaysafe_anthropic
 import replaysafe_openai
-from replaysafe import CallKey, SqliteLedger, Status
+from replaysafe import CallKey, InvalidCallIdError, SqliteLedger, Status
 
-from loops_scenario import LEASE, THREAD, Sdk, Variant, build_tools, effects, model_output
+from loops_scenario import (
+    LEASE,
+    THREAD,
+    Sdk,
+    Variant,
+    build_tools,
+    chat_completion,
+    effects,
+    message,
+    model_output,
+    response,
+)
 
 CHILD = Path(__file__).with_name("loops_child.py")
 REFUND = "refund A1"
@@ -159,3 +170,48 @@ def test_an_async_tool_in_the_sync_helper_says_to_use_the_async_one(ledger: Sqli
     with pytest.raises(TypeError, match="arun_tool_calls"):
         run_tool_calls("chat", 1, build_tools(effects_path, asynchronous=True), ledger)
     assert effects(effects_path) == []
+
+
+def output_with_call_ids(sdk: Sdk, first: str, second: str) -> ChatCompletion | Response | Message:
+    """Turn 1's model output, its two calls under the ids given."""
+    if sdk == "chat":
+        data = chat_completion(1)
+        calls = data["choices"][0]["message"]["tool_calls"]
+        calls[0]["id"], calls[1]["id"] = first, second
+        return ChatCompletion.model_validate(data)
+    if sdk == "responses":
+        data = response(1)
+        data["output"][0]["call_id"], data["output"][1]["call_id"] = first, second
+        return Response.model_validate(data)
+    data = message(1)
+    data["content"][1]["id"], data["content"][2]["id"] = first, second
+    return Message.model_validate(data)
+
+
+def run_output(output: ChatCompletion | Response | Message, tools: dict[str, Any], ledger: SqliteLedger) -> list[Any]:
+    if isinstance(output, Message):
+        return list(replaysafe_anthropic.run_tool_calls(output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE))
+    return list(replaysafe_openai.run_tool_calls(output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE))
+
+
+@pytest.mark.parametrize("sdk", SDKS)
+def test_call_ids_holding_a_gt_or_a_hash_are_ordinary_ids(sdk: Sdk, ledger: SqliteLedger, effects_path: Path) -> None:
+    """A '>' or a '#' in a call id is an ordinary character: each call runs once and replays its own record."""
+    tools = build_tools(effects_path)
+    output = output_with_call_ids(sdk, "call_1>refund", "call#2")
+    first = run_output(output, tools, ledger)
+    assert run_output(output, tools, ledger) == first
+    assert effects(effects_path) == [REFUND, EMAIL]
+    assert sorted(record.key.tool_call_id for record in ledger.records()) == ["call#2", "call_1>refund"]
+
+
+@pytest.mark.parametrize("sdk", SDKS)
+def test_a_call_id_of_a_steps_form_is_refused_before_anything_runs(
+    sdk: Sdk, ledger: SqliteLedger, effects_path: Path
+) -> None:
+    """A call id shaped like a step's key (``<id>><tool>#<n>``) could be handed a step's result: refused."""
+    output = output_with_call_ids(sdk, "call_1>refund_order#1", "call_2")
+    with pytest.raises(InvalidCallIdError, match=r"tool_call_id 'call_1>refund_order#1' has the reserved form"):
+        run_output(output, build_tools(effects_path), ledger)
+    assert effects(effects_path) == []
+    assert list(ledger.records()) == []
