@@ -469,11 +469,12 @@ def begin(
             if policy == "raise":
                 idempotency_key = call_idempotency_key(*key, spec.name)
                 raise CallInDoubtError(
-                    f"{describe(spec.name, key)} is in doubt: its owner {record.owner} died or gave up during "
-                    f"attempt {record.attempt}, so its side effect may or may not have happened. Nothing ran. Look "
-                    f"the effect up at the provider by the idempotency key {idempotency_key}, then settle it: "
+                    f"{describe(spec.name, key)} is in doubt: its owner died or gave up during attempt "
+                    f"{record.attempt}, so its side effect may or may not have happened. Nothing ran. Look the "
+                    f"effect up at the provider by the idempotency key {idempotency_key}, then settle it: "
                     f"{_resolve_command(key)} --result '<json>' if it happened, or --rerun if it did not.",
                     idempotency_key=idempotency_key,
+                    owner=record.owner,  # an operator's detail, out of a message the model may be shown
                     tool_name=spec.name,
                     key=key,
                 )
@@ -495,9 +496,10 @@ def begin(
         left = deadline - host.monotonic()
         if left <= 0:
             raise CallInProgressError(
-                f"{describe(spec.name, key)} is still running in {record.owner} (attempt {record.attempt}, lease "
-                f"until {record.lease_expires_at.isoformat()}); gave up waiting after {spec.wait_timeout:g}s. "
+                f"{describe(spec.name, key)} is still running in another worker (attempt {record.attempt}, "
+                f"lease until {record.lease_expires_at.isoformat()}); gave up waiting after {spec.wait_timeout:g}s. "
                 "Retry later, or raise @replay_safe(wait_timeout=...).",
+                owner=record.owner,  # an operator's detail, out of a message the model may be shown
                 tool_name=spec.name,
                 key=key,
             )

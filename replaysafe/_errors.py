@@ -49,20 +49,40 @@ class NoCurrentCallError(ReplaySafeError, LookupError):
 
 
 class CallInProgressError(ReplaySafeError):
-    """Another live worker still runs this call and did not finish within the wait."""
+    """Another live worker still runs this call and did not finish within the wait.
+
+    ``owner`` is that worker's owner token (``host:pid:start#n``), for operators: it is kept
+    out of the message, which a framework may show the model.
+    """
+
+    def __init__(
+        self, message: str, *, owner: str | None = None, tool_name: str | None = None, key: CallKey | None = None
+    ) -> None:
+        super().__init__(message, tool_name=tool_name, key=key)
+        self.owner = owner
 
 
 class CallInDoubtError(ReplaySafeError):
     """The call's owner died (or gave up) while the tool ran: its side effect may have happened.
 
     ``idempotency_key`` is the key the call handed its provider, to look the effect up.
+    ``owner`` is the token (``host:pid:start#n``) of the owner that died, for operators: it is
+    kept out of the message, which a framework may show the model (the ``in_doubt`` event and
+    ``replaysafe ledger show`` name it too).
     """
 
     def __init__(
-        self, message: str, *, idempotency_key: str, tool_name: str | None = None, key: CallKey | None = None
+        self,
+        message: str,
+        *,
+        idempotency_key: str,
+        owner: str | None = None,
+        tool_name: str | None = None,
+        key: CallKey | None = None,
     ) -> None:
         super().__init__(message, tool_name=tool_name, key=key)
         self.idempotency_key = idempotency_key
+        self.owner = owner
 
 
 class ToolTimeoutError(ReplaySafeError, TimeoutError):

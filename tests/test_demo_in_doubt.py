@@ -55,11 +55,11 @@ def test_demo_exits_zero_and_refunds_once_under_each_policy(
 def test_the_output_names_processes_not_internal_owner_tokens(
     demo: subprocess.CompletedProcess[str], stories: dict[str, str]
 ) -> None:
-    """CallInDoubtError is shown with the dead owner's pid, not its ``host:pid:start#n`` token."""
+    """CallInDoubtError's owner is shown as the dead process's pid, not its ``host:pid:start#n`` token."""
     assert not re.search(r"\S+:\d+:\d+#\d+", demo.stdout), demo.stdout
     killed = re.search(r"process (\d+) is killed", stories["raise"])
     assert killed, stories["raise"]
-    assert f"its owner process {killed[1]} died" in stories["raise"], stories["raise"]
+    assert f"the error's owner: process {killed[1]}, the one that died" in stories["raise"], stories["raise"]
 
 
 def test_rerun_sends_the_same_key_and_the_provider_dedupes(stories: dict[str, str]) -> None:

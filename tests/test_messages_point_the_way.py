@@ -4,6 +4,7 @@ variable; never a Python call as the way to act, never an argument or result val
 from __future__ import annotations
 
 import ast
+import datetime as dt
 import logging
 import os
 import re
@@ -16,7 +17,16 @@ from typing import Any
 import pytest
 
 import replaysafe
-from replaysafe import CallInDoubtError, CallInfo, Ledger, Status, replay_safe, tool_call
+from replaysafe import (
+    CallInDoubtError,
+    CallInfo,
+    CallInProgressError,
+    CallKey,
+    Ledger,
+    Status,
+    replay_safe,
+    tool_call,
+)
 from replaysafe._identity import call_idempotency_key
 
 from .test_in_doubt import attempts_in, crash_inside_the_tool, refund_tool
@@ -57,14 +67,22 @@ def test_no_message_points_to_a_python_call_as_the_way_to_act() -> None:
     assert found == []
 
 
+#: An owner token, ``host:pid:process-start#n``.
+OWNER_TOKEN = re.compile(r"\S+:\d+:\d+#\d+")
+
+
 def test_an_in_doubt_error_and_its_log_carry_the_idempotency_key(
     durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """CallInDoubtError's message names the provider lookup key and the command that settles the call; the
-    in-doubt log record carries the key as a field and in its text."""
+    in-doubt log record carries the key as a field and in its text. The dead owner's token is in ``.owner``
+    and in the log record, for operators, never in the message: a framework may show it to the model (a
+    ToolNode handling tool errors, an interrupt)."""
     effects = tmp_path / "effects"
     key = crash_inside_the_tool(durable_ledger_url, effects)
     expected = call_idempotency_key(*key, "refund_order")
+    record = durable_ledger.get(key)
+    assert record is not None and OWNER_TOKEN.fullmatch(record.owner), record
     with (
         caplog.at_level(logging.WARNING, logger="replaysafe"),
         tool_call(*key),
@@ -76,9 +94,45 @@ def test_an_in_doubt_error_and_its_log_carry_the_idempotency_key(
     assert f"idempotency key {expected}" in message
     assert f'replaysafe ledger resolve --ledger <url> "{key.thread_id}" "{key.message_id}"' in message
     assert "--rerun" in message and "59.0" not in message and "'1042'" not in message
+    assert raised.value.owner == record.owner
+    assert record.owner not in message and not OWNER_TOKEN.search(message), message
     logged = [r for r in caplog.records if getattr(r, "replaysafe_event", None) == "in_doubt"]
     assert [getattr(r, "replaysafe_idempotency_key", None) for r in logged] == [expected]
-    assert expected in logged[0].getMessage()
+    assert [getattr(r, "replaysafe_owner", None) for r in logged] == [record.owner]
+    assert expected in logged[0].getMessage() and record.owner in logged[0].getMessage()
+
+
+def test_a_call_in_progress_error_keeps_its_owner_out_of_its_message(durable_ledger: Ledger) -> None:
+    """The live owner another worker waited for is in ``.owner``, never in ``str(error)``; the message names
+    the call and what to do."""
+
+    @replay_safe(ledger=durable_ledger, wait_timeout=0.05)
+    def charge(order_id: str) -> str:
+        return f"charged {order_id}"
+
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+    with tool_call(*key):
+        charge("1042")
+    record = durable_ledger.get(key)
+    assert record is not None
+    held = CallKey(key.thread_id, "msg_2", "call_1")
+    owner = "elsewhere:4242:99#1"  # another machine: only its lease tells, and it runs for minutes yet
+    now = dt.datetime.now(dt.timezone.utc)
+    durable_ledger.claim(
+        held,
+        tool_name="charge",
+        args_digest=record.args_digest,
+        owner=owner,
+        now=now,
+        lease_expires_at=now + dt.timedelta(minutes=5),
+    )
+    with tool_call(*held), pytest.raises(CallInProgressError) as raised:
+        charge("1042")
+    message = str(raised.value)
+    assert raised.value.owner == owner
+    assert owner not in message and "4242" not in message and not OWNER_TOKEN.search(message), message
+    assert f"message_id={held.message_id!r}" in message and "charge" in message
+    assert "another worker" in message and "wait_timeout" in message and "'1042'" not in message
 
 
 def test_a_reconcilers_exception_carries_the_calls_ids(

@@ -35,7 +35,7 @@ from .provider import FakePaymentProvider, Refund, create_refund, find_refund, l
 KEY = CallKey("support-thread-42", "msg_7", "call_1")
 ORDER_ID = "1042"
 AMOUNT = 59.0
-#: An owner token (``host:pid:start#n``) in a message, its pid captured.
+#: An owner token (``host:pid:start#n``), its pid captured.
 _OWNER_TOKEN = re.compile(r"\S+:(\d+):\d+#\d+")
 #: The resumed agent's exit code when the call raised ``CallInDoubtError``.
 IN_DOUBT_EXIT = 3
@@ -116,8 +116,11 @@ def agent_process(workdir: Path, provider_url: str, policy: str, keys: str, cras
         with tool_call(*KEY):
             result = refund_order(ORDER_ID, AMOUNT)
     except CallInDoubtError as exc:
-        message = _OWNER_TOKEN.sub(r"process \1", str(exc))  # an internal token; the pid is what the story shows
-        _say(textwrap.fill(f"CallInDoubtError: {message}", width=110, initial_indent="  ", subsequent_indent="    "))
+        _say(textwrap.fill(f"CallInDoubtError: {exc}", width=110, initial_indent="  ", subsequent_indent="    "))
+        # The owner is kept out of the message (a framework may show it to the model); an operator reads it
+        # from the error. Its token (host:pid:start#n) is internal: the pid is what the story shows.
+        owner = _OWNER_TOKEN.fullmatch(exc.owner or "")
+        _say(f"  the error's owner: process {owner[1] if owner else exc.owner}, the one that died")
         return IN_DOUBT_EXIT
     finally:
         ledger.close()

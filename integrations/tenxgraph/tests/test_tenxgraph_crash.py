@@ -93,6 +93,7 @@ def test_a_crash_inside_the_tool_is_in_doubt_and_raise_pauses_the_run_until_it_i
     assert pause["value"]["error"] == "CallInDoubtError"
     [record] = records(spec)
     assert record.status is not Status.COMPLETED
+    assert record.owner not in pause["message"]  # the dead owner's host and pid are an operator's, not the model's
     assert pause["value"] == {
         "error": "CallInDoubtError",
         "tool_name": "refund_order",
