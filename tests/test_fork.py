@@ -126,11 +126,11 @@ def test_a_forked_child_has_its_own_owner_token() -> None:
 def _connection_ids(ledger: Ledger, loop: asyncio.AbstractEventLoop) -> list[Any]:
     """The server's id of the sync connection and of the async one of ``loop`` (none for SQLite)."""
     if isinstance(ledger, RedisLedger):
-        sync_id = ledger.client.client_id()
+        # Asked where the ledger's operations go: its held connections, not the client's pool.
+        sync_id = ledger._commands.execute_command("CLIENT ID")
 
         async def async_id() -> Any:
-            client = ledger.aio._client()  # type: ignore[attr-defined]
-            return await client.client_id()
+            return await ledger.aio._client().execute_command("CLIENT ID")  # type: ignore[attr-defined]
 
     elif isinstance(ledger, PostgresLedger):
         backend_pid = Step("SELECT pg_backend_pid()", (), lambda rows, count: rows[0][0])  # type: ignore[index]

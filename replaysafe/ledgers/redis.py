@@ -326,28 +326,27 @@ class _Op(Generic[_T]):
         return pipe.execute()
 
 
-#: The commands of the hot path: sent on a held connection (``_Held``), their replies used as read.
-_HOT = frozenset({"EVALSHA", "GET"})
-
-
 class _Held:
-    """A sync single-server client whose hot commands (``_HOT``) run on connections the ledger holds.
+    """A sync single-server client whose commands run on connections the ledger holds.
 
     redis-py's command layer (a pool checkout and release under a lock, a retry closure,
     observability hooks, response callbacks) costs about as much client time per command
     as the round trip itself. These connections are made like the client's pool makes
     its own (its connection class and settings), each used by one caller at a time (a
-    list: ``pop`` and ``append`` are atomic), and a command is packed, sent and read.
-    The connection's retry applies as in redis-py: a connection error disconnects it
-    and the command goes again on a fresh connection. Anything interrupted (a timeout,
-    a signal) disconnects it, so no reply is left unread on it. Other commands, and
-    pipelines, go to the client. ``_AsyncHeld`` is the same for one event loop.
+    list: ``pop`` and ``append`` are atomic), and a command is packed, sent and read,
+    its reply read by the client's response callback if it has one (the hot commands,
+    ``EVALSHA`` and ``GET``, have none). The connection's retry applies as in redis-py:
+    a connection error disconnects it and the command goes again on a fresh
+    connection. Anything interrupted (a timeout, a signal) disconnects it, so no reply
+    is left unread on it. Pipelines go to the client. ``_AsyncHeld`` is the same for one
+    event loop.
     """
 
     def __init__(self, client: Any) -> None:
         self.client = client
         pool = client.connection_pool
         self._make: Callable[[], Any] = functools.partial(pool.connection_class, **pool.connection_kwargs)
+        self._callbacks: dict[str, Callable[[Any], Any]] = client.response_callbacks
         self._idle: list[Any] = []
 
     @staticmethod
@@ -364,12 +363,14 @@ class _Held:
         except IndexError:
             return self._make()
 
+    def _read(self, name: str, reply: Any) -> Any:
+        callback = self._callbacks.get(name)
+        return reply if callback is None else callback(reply)
+
     def execute_command(self, *command: Any) -> Any:
-        if command[0] not in _HOT:
-            return self.client.execute_command(*command)
         conn = self._take()
         try:
-            return conn.retry.call_with_retry(lambda: _exchange(conn, command), lambda _: conn.disconnect())
+            reply = conn.retry.call_with_retry(lambda: _exchange(conn, command), lambda _: conn.disconnect())
         except redis.ResponseError:
             raise  # the reply was read whole: the connection is clean
         except BaseException:
@@ -377,6 +378,7 @@ class _Held:
             raise
         finally:
             self._idle.append(conn)
+        return self._read(command[0], reply)
 
     def pipeline(self, transaction: bool) -> Any:
         return self.client.pipeline(transaction=transaction)
@@ -393,11 +395,9 @@ class _AsyncHeld(_Held):
     """``_Held`` for an asyncio single-server client: connections of one event loop."""
 
     async def execute_command(self, *command: Any) -> Any:
-        if command[0] not in _HOT:
-            return await self.client.execute_command(*command)
         conn = self._take()
         try:
-            return await conn.retry.call_with_retry(lambda: _aexchange(conn, command), lambda _: conn.disconnect())
+            reply = await conn.retry.call_with_retry(lambda: _aexchange(conn, command), lambda _: conn.disconnect())
         except redis.ResponseError:
             raise
         except BaseException:
@@ -405,6 +405,7 @@ class _AsyncHeld(_Held):
             raise
         finally:
             self._idle.append(conn)
+        return self._read(command[0], reply)
 
     async def aclose(self) -> None:
         while self._idle:
@@ -1026,13 +1027,12 @@ class _AsyncRedisLedger:
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = weakref.WeakKeyDictionary()
 
     def _client(self) -> Any:
-        shared = self._ledger._shared_aio
-        if shared is not None:
-            return shared
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
         if entry is None:
-            entry = self._clients[loop] = _LoopClient(self._ledger._new_client(asynchronous=True))
+            shared = self._ledger._shared_aio
+            client = shared if shared is not None else self._ledger._new_client(asynchronous=True)
+            entry = self._clients[loop] = _LoopClient(client, owned=shared is None)
             entry.watch(loop)
         return entry.commands
 
@@ -1063,7 +1063,8 @@ class _AsyncRedisLedger:
 
 
 class _LoopClient:
-    """An asyncio client, closed before its event loop ends.
+    """An asyncio client on one event loop and the connections held for it, closed before the loop ends
+    (the client only if the ledger made it: an application's client is left open).
 
     Its sockets belong to the loop; once the loop is closed they cannot be closed
     cleanly. ``asyncio.run()`` and other runners finalize async generators
@@ -1071,8 +1072,9 @@ class _LoopClient:
     parked on the loop is the hook that closes the client in time.
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, owned: bool) -> None:
         self.client = client
+        self._owned = owned
         #: Where the runner sends commands: held connections of a single-server client, or the client.
         self.commands: Any = _AsyncHeld(client) if _Held.fits(client) else client
         self._guard: Any = None
@@ -1098,6 +1100,8 @@ class _LoopClient:
     async def aclose(self) -> None:
         if isinstance(self.commands, _AsyncHeld):
             await self.commands.aclose()
+        if not self._owned:
+            return
         if isinstance(self.client, redis.asyncio.cluster.RedisCluster):
             await self.client.aclose()
         else:
