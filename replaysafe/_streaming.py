@@ -12,25 +12,34 @@ plain calls and one with awaits, and send the outcome back (or throw its excepti
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
-from typing import Any
+import functools
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from typing import Any, NamedTuple
 
 from ._context import _current
 from ._core import Replay, ToolSpec, begin, settle_error, settle_result
 from ._deadlines import past, timeout_error
-from ._drivers import Plan, _lease, adrive, drive, start
+from ._drivers import Driving, Plan, _lease, adrive, drive, start
 from ._leases import Lease
 from ._renewer import renewer, start_renewing
 
-# What ``_flow`` asks for, each with its value: drive this protocol phase (its result comes back),
-# take the source's next chunk (the chunk comes back, or ``_END``), hand this chunk to the
-# consumer, close the source.
-_DRIVE, _NEXT, _HAND_OUT, _CLOSE = "drive", "next", "hand out", "close"
-
-#: The source has no more chunks.
-_END: Any = object()
+# What ``_flow`` asks for, each with its value: call this (awaiting what it returns in async code)
+# and send back its result, hand this chunk to the consumer, hand these recorded chunks out.
+_CALL, _HAND_OUT, _HAND_OUT_ALL = "call", "hand out", "hand out all"
 
 Flow = Generator[tuple[str, Any], Any, None]
+
+
+class _Flavor(NamedTuple):
+    """What differs between sync and async streams: names and functions, no steps."""
+
+    #: The tool's chunks with the call's lease kept alive while they flow.
+    leased: Callable[[Any, Lease | None], Any]
+    drive: Callable[[Any, Driving], Any]
+    #: The source's method giving its next chunk, and what it raises at the end.
+    next: str
+    end: type[BaseException]
+    close: str
 
 
 def _flow(
@@ -39,40 +48,40 @@ def _flow(
     wrapped: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    leased: Callable[[Any, Lease | None], Any],
+    flavor: _Flavor,
 ) -> Flow:
-    """A streaming call, once for sync and async: ``leased`` keeps the lease of the tool's chunks.
+    """A streaming call, once for sync and async.
 
     Its deadline is checked between chunks: a stream cannot be interrupted mid-chunk.
     """
     protocol, driving = start(begin, spec, plan, wrapped, args, kwargs)
-    decision = yield _DRIVE, (protocol, driving)
+    decision = yield _CALL, functools.partial(flavor.drive, protocol, driving)
     if isinstance(decision, Replay):
-        for chunk in decision.value:
-            yield _HAND_OUT, chunk
+        yield _HAND_OUT_ALL, decision.value
         return
     run = decision
-    source = leased(wrapped(*args, **kwargs), _lease(run, driving))
+    source = flavor.leased(wrapped(*args, **kwargs), _lease(run, driving))
+    fetch = getattr(source, flavor.next)
     chunks: list[Any] = []
     try:
         while True:
             # current_call() is set around each step only: the consumer runs in between.
             token = _current.set(run.call)
             try:
-                chunk = yield _NEXT, source
+                chunk = yield _CALL, fetch
+            except flavor.end:
+                break
             finally:
                 _current.reset(token)
-            if chunk is _END:
-                break
             chunks.append(chunk)
             if past(run):
                 raise timeout_error(spec.name, run, still_running=False)
             yield _HAND_OUT, chunk
     except BaseException as exc:
-        yield _CLOSE, source
-        yield _DRIVE, (settle_error(spec, plan.scope, run, exc), driving)
+        yield _CALL, getattr(source, flavor.close)
+        yield _CALL, functools.partial(flavor.drive, settle_error(spec, plan.scope, run, exc), driving)
         raise
-    yield _DRIVE, (settle_result(spec, run, chunks), driving)
+    yield _CALL, functools.partial(flavor.drive, settle_result(spec, run, chunks), driving)
 
 
 def _advance(flow: Flow, reply: Any, error: BaseException | None) -> tuple[str, Any] | None:
@@ -105,53 +114,54 @@ async def _aleased(source: AsyncGenerator[Any, None], lease: Lease | None) -> As
         await source.aclose()
 
 
-#: How each request of ``_flow`` other than handing out a chunk is done, sync and async.
-_SYNC: dict[str, Callable[[Any], Any]] = {
-    _DRIVE: lambda job: drive(*job),
-    _NEXT: lambda source: next(source, _END),
-    _CLOSE: lambda source: source.close(),
-}
-_ASYNC: dict[str, Callable[[Any], Awaitable[Any]]] = {
-    _DRIVE: lambda job: adrive(*job),
-    _NEXT: lambda source: anext(source, _END),
-    _CLOSE: lambda source: source.aclose(),
-}
+_SYNC = _Flavor(_leased, drive, "__next__", StopIteration, "close")
+_ASYNC = _Flavor(_aleased, adrive, "__anext__", StopAsyncIteration, "aclose")
 
 
 def stream(
     spec: ToolSpec, plan: Plan, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Iterator[Any]:
     """Yield a streaming tool's chunks as they come; record them all when it ends."""
-    return _iterate(_flow(spec, plan, wrapped, args, kwargs, _leased))
+    return _iterate(_flow(spec, plan, wrapped, args, kwargs, _SYNC))
 
 
 def astream(
     spec: ToolSpec, plan: Plan, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> AsyncIterator[Any]:
     """``stream`` for async generator tools."""
-    return _aiterate(_flow(spec, plan, wrapped, args, kwargs, _aleased))
+    return _aiterate(_flow(spec, plan, wrapped, args, kwargs, _ASYNC))
 
 
 def _iterate(flow: Flow) -> Iterator[Any]:
     """Do what ``flow`` asks, with plain calls; hand its chunks to the consumer."""
+    send, throw = flow.send, flow.throw
     reply: Any = None
     error: BaseException | None = None
-    while (step := _advance(flow, reply, error)) is not None:
+    while True:
         try:
-            reply, error = (yield step[1]) if step[0] is _HAND_OUT else _SYNC[step[0]](step[1]), None
+            what, value = send(reply) if error is None else throw(error)
+        except StopIteration:
+            return
+        try:
+            if what is _CALL:
+                reply, error = value(), None
+            else:
+                reply, error = (yield value) if what is _HAND_OUT else (yield from value), None
         except BaseException as exc:
             reply, error = None, exc
 
 
 async def _aiterate(flow: Flow) -> AsyncIterator[Any]:
-    """``_iterate`` with awaits."""
+    """``_iterate`` with awaits (and no ``yield from``, which async generators lack)."""
     reply: Any = None
     error: BaseException | None = None
     while (step := _advance(flow, reply, error)) is not None:
         try:
-            if step[0] is _HAND_OUT:
-                reply, error = (yield step[1]), None
-            else:
-                reply, error = await _ASYNC[step[0]](step[1]), None
+            if step[0] is _CALL:
+                reply, error = await step[1](), None
+                continue
+            for chunk in step[1] if step[0] is _HAND_OUT_ALL else (step[1],):
+                yield chunk
+            reply, error = None, None
         except BaseException as exc:
             reply, error = None, exc
