@@ -98,6 +98,41 @@ async def test_a_call_in_doubt_stops_the_run_under_handle_tool_errors(
     assert effects == ["refund_order A1"]
 
 
+async def test_a_tool_node_of_ones_own_that_shows_a_refusal_shows_no_owner(
+    ledger: SqliteLedger, thread_id: str
+) -> None:
+    """A ToolNode built by hand with handle_tool_errors=True (without tool_error_handler) hands the model
+    CallInDoubtError's text: it names the call and the next step, never this host, process or owner token."""
+    effects: list[str] = []
+    never = asyncio.Event()
+    model = scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}), final_answer(1), final_answer(2))
+    interceptor = ReplaySafeInterceptor(ledger)
+    node = ToolNode(
+        [refund_tool(effects, decorated=False, hang=never)],
+        wrap_tool_call=interceptor.wrap,
+        awrap_tool_call=interceptor.awrap,
+        handle_tool_errors=True,
+    )
+    graph = state_graph(model, node, InMemorySaver())
+    await graph.ainvoke(ask(1), {"configurable": {"thread_id": thread_id, "tool_timeout": 0.05}})
+    record = ledger.get(CallKey(thread_id, *KEY))
+    assert record is not None
+    assert record.status is Status.IN_DOUBT
+
+    fork = await abefore_tools(graph, thread_id)
+    fork["configurable"]["in_doubt"] = "raise"
+    done = await graph.ainvoke(None, fork)
+    shown = [m for m in done["messages"] if isinstance(m, ToolMessage) and m.tool_call_id == "call_1"][-1]
+    text = str(shown.content)
+    assert "is in doubt" in text
+    assert "replaysafe ledger resolve" in text
+    assert "call_1" in text
+    assert record.owner not in text
+    assert socket.gethostname() not in text
+    assert str(os.getpid()) not in text
+    assert effects == ["refund_order A1"]
+
+
 @pytest.mark.parametrize("decorated", [False, True], ids=["adapter", "decorated"])
 async def test_a_mismatch_stops_the_run_under_handle_tool_errors(
     decorated: bool, ledger: SqliteLedger, thread_id: str
