@@ -26,13 +26,11 @@ import contextvars
 import itertools
 import threading
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._context import CallInfo, current_call_or_none
 
 if TYPE_CHECKING:
-    import httpx
-
     from ._http_requests import IdempotencyKeyAdapter
 
 __all__ = [
@@ -159,12 +157,22 @@ def aidempotency_key_hook(
     return aadd_key
 
 
-def add_idempotency_key(request: httpx.Request) -> None:
+class OutgoingRequest(Protocol):
+    """What the httpx hooks read and change of a request: an ``httpx.Request`` is one."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def headers(self) -> MutableMapping[str, str]: ...
+
+
+def add_idempotency_key(request: OutgoingRequest) -> None:
     """httpx request hook: ``httpx.Client(event_hooks={"request": [add_idempotency_key]})``."""
     _stamp(request.method, request.headers, HEADER, METHODS)
 
 
-async def aadd_idempotency_key(request: httpx.Request) -> None:
+async def aadd_idempotency_key(request: OutgoingRequest) -> None:
     """httpx request hook: ``httpx.AsyncClient(event_hooks={"request": [aadd_idempotency_key]})``."""
     _stamp(request.method, request.headers, HEADER, METHODS)
 

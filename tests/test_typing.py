@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mypy import api as mypy_api
 
 MAIN_PATTERN = """
@@ -32,6 +33,19 @@ with tool_call(thread_id="t1", message_id="msg_7", tool_call_id="call_1"):
     result: str = refund_order("o-1", 59.0)
 """
 
+#: The httpx hooks take any request with a ``method`` and mutable ``headers`` (a Protocol of replaysafe's own,
+#: so their signatures do not hang on httpx's partially annotated ``Request``): an ``httpx.Request`` is one.
+HTTP_PATTERN = """
+import httpx
+
+from replaysafe.http import aadd_idempotency_key, add_idempotency_key
+
+client = httpx.Client(event_hooks={"request": [add_idempotency_key]})
+aclient = httpx.AsyncClient(event_hooks={"request": [aadd_idempotency_key]})
+add_idempotency_key(httpx.Request("POST", "https://api.example.com/refunds"))
+"""
+PATTERNS = {"main": MAIN_PATTERN, "http": HTTP_PATTERN}
+
 
 def _pyright() -> list[str]:
     found = shutil.which("pyright", path=str(Path(sys.executable).parent))
@@ -44,18 +58,20 @@ def _pyright_env() -> dict[str, str]:
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-def test_the_main_pattern_passes_mypy_strict(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_the_main_pattern_passes_mypy_strict(pattern: str, tmp_path: Path) -> None:
     source = tmp_path / "main_pattern.py"
-    source.write_text(MAIN_PATTERN, encoding="utf-8")
+    source.write_text(PATTERNS[pattern], encoding="utf-8")
     out, err, status = mypy_api.run(
         ["--strict", "--no-incremental", "--cache-dir", str(tmp_path / "cache"), str(source)]
     )
     assert status == 0, out + err
 
 
-def test_the_main_pattern_passes_pyright_strict(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_the_main_pattern_passes_pyright_strict(pattern: str, tmp_path: Path) -> None:
     source = tmp_path / "main_pattern.py"
-    source.write_text("# pyright: strict\n" + MAIN_PATTERN, encoding="utf-8")
+    source.write_text("# pyright: strict\n" + PATTERNS[pattern], encoding="utf-8")
     done = subprocess.run(
         [*_pyright(), "--outputjson", str(source)],
         capture_output=True,
@@ -70,7 +86,15 @@ def test_the_main_pattern_passes_pyright_strict(tmp_path: Path) -> None:
 
 
 def test_every_public_symbol_has_a_known_type(tmp_path: Path) -> None:
-    """pyright --verifytypes: 100%, types from other packages aside (SQLAlchemy's and redis-py's are theirs)."""
+    """pyright --verifytypes: 100%, types from other packages aside.
+
+    Without ``--ignoreexternal`` the score is below 100% only through other packages' own incomplete types that
+    the public API hands out or takes as they are: SQLAlchemy's ``Engine``, ``AsyncEngine``, ``URL`` and
+    ``Dialect`` (the SQL ledgers' ``engine`` and arguments), redis-py's ``Redis`` and ``RedisCluster`` (sync and
+    asyncio: ``RedisLedger``'s client), requests' ``HTTPAdapter`` (the base of ``IdempotencyKeyAdapter``, whose
+    ``send`` takes a ``PreparedRequest`` and returns a ``Response``) and pytest's ``FixtureFunctionDefinition``
+    (the plugin's fixtures). Replacing them by Protocols of our own would take precision from users.
+    """
     done = subprocess.run(
         [*_pyright(), "--verifytypes", "replaysafe", "--ignoreexternal", "--outputjson"],
         capture_output=True,
