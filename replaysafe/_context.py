@@ -117,6 +117,13 @@ class RunningCall(CallInfo):
         call.scope = scope
         return call
 
+    @property
+    def key(self) -> CallKey:
+        # The scope's key, whose ids these are: not a new tuple on each read (the hot path reads it
+        # several times). A copy made by _replace has no scope: its key is built from its ids.
+        scope = self.__dict__.get("scope")
+        return scope.key if scope is not None else CallKey(self.thread_id, self.message_id, self.tool_call_id)
+
     def next_ordinal(self, tool_name: str) -> int:
         """1 for this execution's first step named ``tool_name``, then 2, 3...; thread-safe."""
         ordinals = self.__dict__.get("_ordinals")

@@ -249,7 +249,8 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     written later (``_after_interrupted``) once it is known.
     """
     if not getattr(driving.ledger, "blocking_io", True):
-        return await aperform(op, driving.ledger, driving.tool_name)  # never suspends: nothing to shield
+        # Never waits (its .aio runs the same operation inline): nothing to shield, no coroutine to make.
+        return perform(op, driving.ledger, driving.tool_name)
     task = asyncio.ensure_future(aperform(op, driving.ledger, driving.tool_name))
     try:
         return await asyncio.shield(task)
@@ -284,7 +285,7 @@ async def _ainvoke(run: Run, driving: Driving) -> Any:
     assert spec is not None
     assert wrapped is not None
     token = _current.set(run.call)
-    renewing = start_renewing(_lease(run, driving))  # a task in this loop, while the tool runs
+    renewing = start_renewing(_lease(run, driving))  # a timer in this loop, while the tool runs
     try:
         if run.timeout is None:
             return await wrapped(*run.call.args, **run.call.kwargs)

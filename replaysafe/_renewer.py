@@ -144,11 +144,34 @@ async def keep_renewed(lease: Lease) -> None:
         lease.after_renewal(renewed, time.monotonic())
 
 
-def start_renewing(lease: Lease | None) -> asyncio.Task[None] | None:
-    """A task in the running loop that keeps ``lease`` alive; cancel it when the tool ends."""
+class Renewing:
+    """The renewals of one async call's lease: a timer in its loop until the first is due
+    (most calls end before), then a task. Cheaper than a task per call."""
+
+    __slots__ = ("_lease", "_task", "_timer")
+
+    def __init__(self, lease: Lease, loop: asyncio.AbstractEventLoop) -> None:
+        self._lease = lease
+        self._task: asyncio.Task[None] | None = None
+        self._timer = loop.call_later(max(lease.due - time.monotonic(), 0.0), self._start, loop)
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._lease.active:
+            self._task = loop.create_task(keep_renewed(self._lease), name="replaysafe-lease-renewer")
+
+    def cancel(self) -> None:
+        """The tool ended: renew no more (a renewal in flight is fenced by the record's status)."""
+        self._lease.end()
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+
+def start_renewing(lease: Lease | None) -> Renewing | None:
+    """Keep ``lease`` alive in the running loop while an async tool runs; ``cancel()`` it when the tool ends."""
     if lease is None or not hasattr(lease.ledger.aio, "renew"):
         return None
-    return asyncio.get_running_loop().create_task(keep_renewed(lease), name="replaysafe-lease-renewer")
+    return Renewing(lease, asyncio.get_running_loop())
 
 
 os.register_at_fork(after_in_child=renewer._reset)
