@@ -392,12 +392,33 @@ class _Held:
 
 
 class _AsyncHeld(_Held):
-    """``_Held`` for an asyncio single-server client: connections of one event loop."""
+    """``_Held`` for an asyncio single-server client: connections of one event loop.
+
+    On Python 3.11+ the client's ``socket_timeout`` bounds each exchange (connect, send
+    and read) as one ``asyncio.timeout``, a timer handle: redis-py's own bound wraps each
+    send in ``asyncio.wait_for``, which makes a Task per command on Python 3.11.
+    """
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        pool = client.connection_pool
+        self._bound: float | None = None
+        timeout = pool.connection_kwargs.get("socket_timeout")
+        if timeout is not None and _timeout is not None:
+            self._bound = timeout
+            settings = {**pool.connection_kwargs, "socket_timeout": None}
+            self._make = functools.partial(pool.connection_class, **settings)
+
+    async def _exchange(self, conn: Any, command: Sequence[Any]) -> Any:
+        if self._bound is None or _timeout is None:
+            return await _aexchange(conn, command)
+        async with _timeout(self._bound):
+            return await _aexchange(conn, command)
 
     async def execute_command(self, *command: Any) -> Any:
         conn = self._take()
         try:
-            reply = await conn.retry.call_with_retry(lambda: _aexchange(conn, command), lambda _: conn.disconnect())
+            reply = await conn.retry.call_with_retry(lambda: self._exchange(conn, command), lambda _: conn.disconnect())
         except redis.ResponseError:
             raise
         except BaseException:
@@ -410,6 +431,10 @@ class _AsyncHeld(_Held):
     async def aclose(self) -> None:
         while self._idle:
             await self._idle.pop().disconnect()
+
+
+#: ``asyncio.timeout`` (Python 3.11+), else ``None``.
+_timeout: Callable[[float | None], Any] | None = getattr(asyncio, "timeout", None)
 
 
 async def _aexchange(conn: Any, command: Sequence[Any]) -> Any:
