@@ -783,6 +783,11 @@ class RedisLedger(LedgerBase):
     ``io_timeout`` for any answer (redis-py's ``socket_connect_timeout`` and
     ``socket_timeout``), so a stalled server gives a ``LedgerError``, not a hang.
     Both may also be URL options; a client passed in keeps its own settings.
+
+    With a single server, the ledger's commands run on connections it holds, made with
+    the client's connection class and settings, one per caller at a time (a client's
+    own pool and its ``max_connections`` are left to the application); a cluster
+    client's commands go through the client, which routes them by slot.
     """
 
     transient_errors: tuple[type[BaseException], ...] = (
