@@ -45,6 +45,9 @@ def is_plain(value: Any, _scalars: frozenset[type] = JSON_SCALARS, _tag: str = T
     ``bool`` and ``None``; not their subclasses (an ``IntEnum`` is written as a bare
     ``int``), nor tuples (written as lists). The fast paths' test: it costs less than
     the encoding (the defaults bind constants as locals, the cheapest lookup here).
+
+    It calls itself with every argument given: Python 3.13.0 skips the recursion limit on
+    a call that fills in defaults, so circular data would recurse until memory runs out.
     """
     kind = type(value)
     if kind in _scalars:
@@ -53,12 +56,12 @@ def is_plain(value: Any, _scalars: frozenset[type] = JSON_SCALARS, _tag: str = T
         if _tag in value:
             return False
         for key, item in value.items():
-            if type(key) is not str or (type(item) not in _scalars and not is_plain(item)):
+            if type(key) is not str or (type(item) not in _scalars and not is_plain(item, _scalars, _tag)):
                 return False
         return True
     if kind is list:
         for item in value:  # noqa: SIM110 - a loop is faster than all() over a generator
-            if type(item) not in _scalars and not is_plain(item):
+            if type(item) not in _scalars and not is_plain(item, _scalars, _tag):
                 return False
         return True
     return False
