@@ -35,6 +35,19 @@ from replaysafe._context import UNSET
 from .waiting import SeesWaiting
 
 
+class SteppedClock:
+    """A monotonic clock that moves only when a test steps it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def new_key() -> CallKey:
     return CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
 
@@ -456,8 +469,12 @@ def test_passing_the_default_timeout_is_reported_late(
     memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A tool past the built-in timeout is not interrupted: it returns, its result is recorded and
-    replayed, and a TIMEOUT event says it ran late."""
+    replayed, and a TIMEOUT event says it ran late. The tool takes its time on the host's
+    monotonic clock, stepped by hand: the duration reported is the one it took, exactly."""
     monkeypatch.setattr(_constants, "TOOL_TIMEOUT", 0.2)
+    clock = SteppedClock()
+    monkeypatch.setattr(_drivers, "HOST", _drivers.HOST._replace(monotonic=clock))
+    monkeypatch.setattr(_drivers, "_hosts", {})  # the hosts built from HOST, per ledger class
     events: list[Event] = []
     unsubscribe = on_event(events.append)
     runs: list[int] = []
@@ -465,7 +482,7 @@ def test_passing_the_default_timeout_is_reported_late(
     @replay_safe(ledger=memory_ledger)
     def slow_refund(order_id: str) -> str:
         runs.append(1)
-        time.sleep(0.4)
+        clock.advance(0.4)
         return f"refunded {order_id}"
 
     key = new_key()
@@ -486,33 +503,65 @@ def test_passing_the_default_timeout_is_reported_late(
     record = memory_ledger.get(key)
     assert record is not None and record.status is Status.COMPLETED
     (late,) = [event for event in events if event.kind is EventKind.TIMEOUT]
-    assert "past its default 0.2s timeout" in late.message and key.thread_id in late.message
-    assert late.duration is not None and late.duration >= 0.4
+    assert "ran 0.4s, past its default 0.2s timeout" in late.message and key.thread_id in late.message
+    assert late.duration == pytest.approx(0.4)
 
 
 def test_the_default_timeout_is_kept_by_the_lease(memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under the built-in timeout a running call's lease is renewed up to the deadline plus the
     margin, and no further: past it another host may take the call over. With no timeout it is
-    renewed for as long as the tool runs."""
+    renewed for as long as the tool runs.
+
+    Proven by order, not by time: the two calls run together, and the capped one looks at its
+    lease only once the renewer has renewed the other one well past the cap (so it would have
+    renewed the capped one too); the other runs until its lease was renewed past 1.5 s.
+    """
     monkeypatch.setattr(_constants, "TOOL_TIMEOUT", 0.2)
     monkeypatch.setattr(_drivers, "LEASE_MARGIN", 0.3)
+    keys = {"default": new_key(), "none": new_key()}
+    started: dict[str, dt.datetime] = {}
     leases: dict[str, dt.datetime] = {}
 
-    def tool(label: str) -> None:
-        started = dt.datetime.now(dt.timezone.utc)
-        time.sleep(1.5)  # the lease (0.3 s) is renewed every 0.1 s while it may be
-        record = memory_ledger.get(current_key[0])
+    def lease_of(label: str) -> dt.datetime:
+        record = memory_ledger.get(keys[label])
         assert record is not None
-        leases[label] = record.lease_expires_at
-        leases[label + ".started"] = started
+        return record.lease_expires_at
 
-    current_key: list[CallKey] = []
-    for label, timeout in (("default", UNSET), ("none", None)):
-        current_key[:] = [new_key()]
+    def wait_for_renewal(label: str, past: dt.datetime) -> None:
+        for _ in range(3000):  # a bound against a hang only: each renewal is 0.1 s apart
+            if lease_of(label) >= past:
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"the lease of the {label!r} call was never renewed past {past}: {lease_of(label)}")
+
+    looked = threading.Event()  # the capped call has read its lease: the witness may end
+
+    def tool(label: str) -> None:
+        started[label] = dt.datetime.now(dt.timezone.utc)
+        if label == "none":  # renewed for as long as it runs: 1.5 s at least (five lease lengths)
+            wait_for_renewal("none", started["none"] + dt.timedelta(seconds=1.5))
+            assert looked.wait(60)
+        else:  # the renewer has renewed the other call 1 s past this one's cap (ten renewals)
+            wait_for_renewal("none", started["default"] + dt.timedelta(seconds=1.5))
+        leases[label] = lease_of(label)
+        if label == "default":
+            looked.set()
+
+    def call(label: str, timeout: Any) -> None:
         protected = replay_safe(ledger=memory_ledger, lease=0.3, timeout=timeout, name=label)(tool)
-        with tool_call(*current_key[0]):
+        with tool_call(*keys[label]):
             protected(label)
+
+    witness = threading.Thread(target=call, args=("none", None))
+    witness.start()
+    try:
+        while "none" not in started:  # the witness's lease is kept before this call starts
+            time.sleep(0.01)
+        call("default", UNSET)
+    finally:
+        looked.set()
+        witness.join(60)
     # The default: renewed to start + 0.2 s + 0.3 s at most, long before the tool ended.
-    assert leases["default"] <= leases["default.started"] + dt.timedelta(seconds=0.6)
-    # None: still renewed near the tool's end.
-    assert leases["none"] >= leases["none.started"] + dt.timedelta(seconds=1.5)
+    assert leases["default"] <= started["default"] + dt.timedelta(seconds=0.6)
+    # None: still renewed 1.5 s after it started.
+    assert leases["none"] >= started["none"] + dt.timedelta(seconds=1.5)
