@@ -14,10 +14,10 @@ import functools
 import os
 import uuid
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 from .._codec import Serializer
 from .._constants import LEDGER_RETRY_ATTEMPTS, LEDGER_RETRY_MAX_SECONDS
@@ -25,6 +25,9 @@ from .._errors import LedgerError
 from .._records import CallKey, ClaimResult, Record, Status
 from .._sealing import Sealer
 from .._threads import ForkSafePool
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 #: One signing key, or a list whose first key signs and all of which are accepted.
 SigningKey = str | bytes | Sequence[str | bytes]
@@ -274,6 +277,11 @@ def _from_drivers() -> Handed:
     return _handed
 
 
+def handed_now() -> datetime:
+    """The wall clock the drivers hand in, for a ledger that hides records whose ttl ran out."""
+    return _from_drivers().now()
+
+
 #: The ledgers of this process that hold a lock or connections: a forked child makes each
 #: forget what it shares with the parent.
 _ledgers: weakref.WeakSet[LedgerBase] = weakref.WeakSet()
@@ -379,6 +387,121 @@ class LedgerBase:
         probe, reply, error = _probe(self), None, None
         while (request := _next_step(probe, reply, error)) is not None:
             reply, error = await _atried(self, *request)
+
+
+class OperationBuilders(Protocol):
+    """A backend's operations as data: each takes the arguments of the ``Ledger`` method of its
+    name (``claim``: the record it stores) and returns what the backend's runners run (a statement
+    or a command, and how its reply reads). No I/O: the sync and async runners share every one."""
+
+    def claim(self, record: Record) -> Any:
+        """Store ``record``, a first claim's (``Record.claimed``), unless a live one is there."""
+        ...
+
+    def takeover(self, record: Record, *, owner: str, now: datetime, lease_expires_at: datetime) -> Any: ...
+
+    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: datetime) -> Any: ...
+
+    def release(self, key: CallKey, *, owner: str) -> Any: ...
+
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> Any: ...
+
+    def get(self, key: CallKey) -> Any: ...
+
+    def get_many(self, keys: Iterable[CallKey]) -> Any: ...
+
+    def delete(self, key: CallKey) -> Any: ...
+
+
+class StoredLedger(LedgerBase):
+    """The ledger operations, written once for every backend with operations as data: each
+    builds the backend's operation (``_ops``) and runs it with the backend's sync runner
+    (``_run``). ``AsyncStoredLedger`` runs the same bodies with the backend's async runner,
+    so a body returns what ``_run`` returns, as is."""
+
+    _ops: OperationBuilders
+
+    def _run(self, op: Any) -> Any:
+        """Run ``op`` and return what its reply reads as: the backend's sync runner."""
+        raise NotImplementedError
+
+    def claim(
+        self, key: CallKey, *, tool_name: str, args_digest: str, owner: str, now: datetime, lease_expires_at: datetime
+    ) -> ClaimResult:
+        """Atomically create a ``running`` record owned by ``owner``, or return the one there."""
+        record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
+        result: ClaimResult = self._run(self._ops.claim(record))
+        return result
+
+    def takeover(self, record: Record, *, owner: str, now: datetime, lease_expires_at: datetime) -> Record | None:
+        """Replace ``record`` (still as read) by a ``running`` one for ``owner``, attempt + 1."""
+        result: Record | None = self._run(
+            self._ops.takeover(record, owner=owner, now=now, lease_expires_at=lease_expires_at)
+        )
+        return result
+
+    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: datetime) -> bool:
+        """Finish the call ``owner`` claimed (fenced); with a ttl, a finished record expires unless in doubt."""
+        done: bool = self._run(self._ops.complete(key, owner=owner, status=status, result=result, now=now))
+        return done
+
+    def release(self, key: CallKey, *, owner: str) -> bool:
+        """Delete the ``running`` record ``owner`` holds."""
+        done: bool = self._run(self._ops.release(key, owner=owner))
+        return done
+
+    def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> bool:
+        """Move the lease of the ``running`` record ``owner`` holds (fenced)."""
+        done: bool = self._run(self._ops.renew(key, owner=owner, lease_expires_at=lease_expires_at))
+        return done
+
+    def get(self, key: CallKey) -> Record | None:
+        """The record of ``key``, or ``None``."""
+        result: Record | None = self._run(self._ops.get(key))
+        return result
+
+    def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
+        """The records among ``keys`` that exist, in one round trip."""
+        result: dict[CallKey, Record] = self._run(self._ops.get_many(keys))
+        return result
+
+    def delete(self, key: CallKey) -> bool:
+        """Delete the record of ``key``, whatever its state."""
+        done: bool = self._run(self._ops.delete(key))
+        return done
+
+
+def _async(
+    method: Callable[Concatenate[Any, _P], _T],
+) -> Callable[Concatenate[AsyncStoredLedger, _P], Coroutine[Any, Any, _T]]:
+    """The async form of a ``StoredLedger`` operation: its one body, run on the async ledger, whose
+    runner returns a coroutine the body hands back as is (so a body never wraps what it runs)."""
+
+    async def operation(self: AsyncStoredLedger, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        return await cast("Awaitable[_T]", method(self, *args, **kwargs))
+
+    operation.__name__ = operation.__qualname__ = method.__name__
+    operation.__doc__ = method.__doc__
+    return operation
+
+
+class AsyncStoredLedger:
+    """``StoredLedger``'s operations as coroutines, each made from the sync one (``_async``): the
+    same body, the same operation built by ``_ops``, run by the backend's async runner (``_run``)."""
+
+    _ops: OperationBuilders
+
+    async def _run(self, op: Any) -> Any:
+        """Run ``op`` and return what its reply reads as: the backend's async runner."""
+        raise NotImplementedError
+
+    claim = _async(StoredLedger.claim)
+    takeover = _async(StoredLedger.takeover)
+    complete = _async(StoredLedger.complete)
+    release = _async(StoredLedger.release)
+    renew = _async(StoredLedger.renew)
+    get = _async(StoredLedger.get)
+    get_many = _async(StoredLedger.get_many)
 
 
 #: A probe's step: the ``Ledger`` operation, its arguments and keyword arguments.

@@ -23,10 +23,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
-from .._clock import utcnow
 from .._identity import key_digest
-from .._records import CallKey, ClaimResult, Record, Status, expires_at
-from ._protocol import LedgerBase, RetryPolicy, SigningKey, forget_in_forked_child
+from .._records import CallKey, Record, Status, expires_at
+from ._protocol import RetryPolicy, SigningKey, StoredLedger, forget_in_forked_child, handed_now
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
@@ -227,10 +226,11 @@ class Operations:
 
     # --- the operations ---------------------------------------------------------------
 
-    # Each takes the arguments of the ``Ledger`` method of its name, but for ``claim``.
+    # Each takes the arguments of the ``Ledger`` method of its name (``OperationBuilders``).
 
     def claim(self, record: Record) -> Step:
-        """Store ``record`` (a first claim's, see ``Record.claimed``) unless a live one is there."""
+        """Store ``record`` (a first claim's, see ``Record.claimed``) unless a live one is there: the
+        one statement the dialects cannot share."""
         raise NotImplementedError
 
     def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Step:
@@ -257,7 +257,7 @@ class Operations:
         def read(rows: Any, count: int) -> Record | None:
             return self.record(key, rows[0]) if rows else None
 
-        return Step(self._get, (key_digest(*key), self._time(utcnow())), read)
+        return Step(self._get, (key_digest(*key), self._time(handed_now())), read)
 
     def get_many(self, keys: Iterable[CallKey]) -> Step | dict[CallKey, Record]:
         """A step, or the answer itself when there is nothing to read (runners return a non-step as is)."""
@@ -268,7 +268,7 @@ class Operations:
         def read(rows: Any, count: int) -> dict[CallKey, Record]:
             return {record.key: record for record in map(self.keyed_record, rows)}
 
-        return Step(self._get_many, (self.dialect.encode_keys(digests), self._time(utcnow())), read, False)
+        return Step(self._get_many, (self.dialect.encode_keys(digests), self._time(handed_now())), read, False)
 
     def delete(self, key: CallKey) -> Step:
         return Step(self._delete, (key_digest(*key),), changed_one, False)
@@ -277,7 +277,7 @@ class Operations:
         return Step(self._purge_thread, (thread_id,), rowcount, False)
 
     def records(self, thread_id: str | None) -> Step:
-        now = self._time(utcnow())
+        now = self._time(handed_now())
 
         def read(rows: Any, count: int) -> Iterator[Record]:
             return iter([self.keyed_record(row) for row in rows])
@@ -289,7 +289,7 @@ class Operations:
     def purge_expired(self, batch_size: int, dry_run: bool) -> Step:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
-        now = self._time(utcnow())
+        now = self._time(handed_now())
         if dry_run:
             return Step(self._count_expired, (now,), lambda rows, count: int(rows[0][0]), False)  # type: ignore[index]
         total = 0
@@ -303,10 +303,10 @@ class Operations:
         return batch
 
 
-class SqlLedger(LedgerBase):
+class SqlLedger(StoredLedger):
     """A ledger in one SQL table: SQLAlchemy makes the table, ``ops`` the statements, ``run`` runs them."""
 
-    ops: Operations
+    _ops: Operations
     #: How long a finished record is kept; ``None``: forever.
     ttl: dt.timedelta | None
     #: Whether the ledger creates its table (and schema) when first used.
@@ -386,57 +386,23 @@ class SqlLedger(LedgerBase):
             self._engine = None
             self._schema_ready = False
 
-    # --- the protocol: each operation is ``ops``' step, run by the backend ------------
+    # --- the protocol (``StoredLedger``): each operation is ``ops``' step, run by the backend ----
+
+    @property
+    def ops(self) -> Operations:
+        """The ledger's statements, built as steps."""
+        return self._ops
 
     def run(self, step: Step | Any) -> Any:
         """Run ``step`` (and the steps its replies lead to) on one connection: the backend's runner.
 
         A value that is not a ``Step`` is the answer already, returned as is.
         """
-        raise NotImplementedError
-
-    def claim(
-        self,
-        key: CallKey,
-        *,
-        tool_name: str,
-        args_digest: str,
-        owner: str,
-        now: dt.datetime,
-        lease_expires_at: dt.datetime,
-    ) -> ClaimResult:
-        record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
-        result: ClaimResult = self.run(self.ops.claim(record))
-        return result
-
-    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
-        result: Record | None = self.run(
-            self.ops.takeover(record, owner=owner, now=now, lease_expires_at=lease_expires_at)
-        )
-        return result
-
-    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
-        return bool(self.run(self.ops.complete(key, owner=owner, status=status, result=result, now=now)))
-
-    def release(self, key: CallKey, *, owner: str) -> bool:
-        return bool(self.run(self.ops.release(key, owner=owner)))
-
-    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
-        return bool(self.run(self.ops.renew(key, owner=owner, lease_expires_at=lease_expires_at)))
-
-    def get(self, key: CallKey) -> Record | None:
-        result: Record | None = self.run(self.ops.get(key))
-        return result
-
-    def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
-        result: dict[CallKey, Record] = self.run(self.ops.get_many(keys))
-        return result
-
-    def delete(self, key: CallKey) -> bool:
-        return bool(self.run(self.ops.delete(key)))
+        return self._run(step)
 
     def purge_thread(self, thread_id: str) -> int:
-        return int(self.run(self.ops.purge_thread(thread_id)))
+        """Delete every record of one thread; returns how many."""
+        return int(self._run(self._ops.purge_thread(thread_id)))
 
     def purge_expired(self, *, batch_size: int = 1000, dry_run: bool = False) -> int:
         """Delete the records whose ttl ran out, ``batch_size`` per statement; returns how many.
@@ -444,8 +410,9 @@ class SqlLedger(LedgerBase):
         Expired records already count as absent; this only reclaims their space.
         ``dry_run`` only counts them.
         """
-        return int(self.run(self.ops.purge_expired(batch_size, dry_run)))
+        return int(self._run(self._ops.purge_expired(batch_size, dry_run)))
 
     def records(self, *, thread_id: str | None = None) -> Iterator[Record]:
-        result: Iterator[Record] = self.run(self.ops.records(thread_id))
+        """Every record (of one thread), oldest first."""
+        result: Iterator[Record] = self._run(self._ops.records(thread_id))
         return result

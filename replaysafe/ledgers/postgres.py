@@ -21,7 +21,7 @@ import select
 import sys
 import typing
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -34,9 +34,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateIndex, CreateSchema, CreateTable
 
 from .._constants import TABLE_NAME
-from .._records import CallKey, ClaimResult, Record
+from .._records import ClaimResult, Record
 from ._options import io_timeouts, split_url_options
-from ._protocol import TRANSIENT_FIX, AsyncLedger, LedgerFault, RetryPolicy, SigningKey
+from ._protocol import TRANSIENT_FIX, AsyncLedger, AsyncStoredLedger, LedgerFault, RetryPolicy, SigningKey
 from ._sql import CLAIM_ROW, INSERT_COLUMNS, RECORD_COLUMNS, Dialect, Operations, SqlLedger, Step
 from ._watchdog import watchdog
 
@@ -248,7 +248,7 @@ class PostgresLedger(SqlLedger):
     #: Seconds to wait for a connection, and for any one answer.
     connect_timeout: float
     io_timeout: float
-    ops: PostgresOperations
+    _ops: PostgresOperations
 
     def __init__(
         self,
@@ -309,7 +309,7 @@ class PostgresLedger(SqlLedger):
             retry=retry,
             signing_key=signing_key,
         )
-        self.ops = PostgresOperations(self._quoted_table(), self.ttl)
+        self._ops = PostgresOperations(self._quoted_table(), self.ttl)
         self._pool = _Pool(self._connect, pool_size)
         # Pools a forked child inherited: kept, never used or closed (they hold the parent's sockets).
         self._orphans: list[Any] = []
@@ -443,7 +443,7 @@ class PostgresLedger(SqlLedger):
             return shared, shared.cursor(), (fairy, True)
         return shared, shared.cursor(), (fairy, False)
 
-    def run(self, step: Step | Any) -> Any:
+    def _run(self, step: Step | Any) -> Any:
         if type(step) is not Step:
             return step
         held = self._pool.get()
@@ -667,7 +667,7 @@ class _AsyncPool(_Idle):
             self._slots.release()
 
 
-class _AsyncPostgresLedger:
+class _AsyncPostgresLedger(AsyncStoredLedger):
     """``PostgresLedger.aio``: the same steps on psycopg's async connections.
 
     Built from a URL or ``Engine``, it holds a small pool of its own per event loop,
@@ -677,11 +677,11 @@ class _AsyncPostgresLedger:
 
     def __init__(self, ledger: PostgresLedger) -> None:
         self._ledger = ledger
-        self._ops = ledger.ops
+        self._ops = ledger._ops
         self._pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncPool] = weakref.WeakKeyDictionary()
 
-    async def run(self, step: Step | Any) -> Any:
-        """``PostgresLedger.run`` for async code."""
+    async def _run(self, step: Step | Any) -> Any:
+        """``PostgresLedger._run`` for async code."""
         if type(step) is not Step:
             return step
         ledger = self._ledger
@@ -763,30 +763,3 @@ class _AsyncPostgresLedger:
     def _forget_parent_connections(self) -> None:
         self._ledger._orphans += self._pools.values()
         self._pools = weakref.WeakKeyDictionary()
-
-    # The protocol: each operation is the ledger's step, run here.
-
-    async def claim(self, key: CallKey, **arguments: Any) -> ClaimResult:
-        result: ClaimResult = await self.run(self._ops.claim(Record.claimed(key, **arguments)))
-        return result
-
-    async def takeover(self, record: Record, **arguments: Any) -> Record | None:
-        result: Record | None = await self.run(self._ops.takeover(record, **arguments))
-        return result
-
-    async def complete(self, key: CallKey, **arguments: Any) -> bool:
-        return bool(await self.run(self._ops.complete(key, **arguments)))
-
-    async def release(self, key: CallKey, *, owner: str) -> bool:
-        return bool(await self.run(self._ops.release(key, owner=owner)))
-
-    async def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
-        return bool(await self.run(self._ops.renew(key, owner=owner, lease_expires_at=lease_expires_at)))
-
-    async def get(self, key: CallKey) -> Record | None:
-        result: Record | None = await self.run(self._ops.get(key))
-        return result
-
-    async def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
-        result: dict[CallKey, Record] = await self.run(self._ops.get_many(keys))
-        return result

@@ -27,9 +27,9 @@ import re
 import urllib.parse
 import warnings
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar
 
 import redis
 import redis.asyncio
@@ -46,10 +46,11 @@ from ._options import io_timeouts, split_url_options
 from ._protocol import (
     TRANSIENT_FIX,
     AsyncLedger,
-    LedgerBase,
+    AsyncStoredLedger,
     LedgerFault,
     RetryPolicy,
     SigningKey,
+    StoredLedger,
     forget_in_forked_child,
 )
 
@@ -494,18 +495,9 @@ class _Operations:
 
     # the protocol
 
-    def claim(
-        self,
-        key: CallKey,
-        *,
-        tool_name: str,
-        args_digest: str,
-        owner: str,
-        now: dt.datetime,
-        lease_expires_at: dt.datetime,
-    ) -> _Op[ClaimResult]:
-        """Atomically create a ``running`` record owned by ``owner``, or return the one there."""
-        record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
+    def claim(self, record: Record) -> _Op[ClaimResult]:
+        """Store ``record`` (a first claim's, see ``Record.claimed``) unless a record is there."""
+        key = record.key
 
         def parse(reply: Any) -> ClaimResult:
             return ClaimResult(record, True) if reply == 1 else ClaimResult(_unpack(key, reply), False)
@@ -573,25 +565,6 @@ class _Operations:
             return [_unpack(key, reply) for (key, _), reply in zip(found, replies, strict=True) if reply is not None]
 
         return _Op(parse, batch=[("GET", name) for _, name in found])
-
-
-class _AsyncRunner(Protocol):
-    _ops: _Operations
-
-    async def _run(self, op: _Op[_T]) -> _T: ...
-
-
-def _async(
-    build: Callable[Concatenate[_Operations, _P], _Op[_T]],
-) -> Callable[Concatenate[_AsyncRunner, _P], Coroutine[Any, Any, _T]]:
-    """An ``.aio`` method: build the operation, run it on this event loop's client."""
-
-    async def operation(self: _AsyncRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        return await self._run(build(self._ops, *args, **kwargs))
-
-    operation.__name__ = operation.__qualname__ = build.__name__
-    operation.__doc__ = build.__doc__
-    return operation
 
 
 # --- connections ------------------------------------------------------------------------------
@@ -767,7 +740,7 @@ def _warn_if_unbounded(client: Any) -> None:
         )
 
 
-class RedisLedger(LedgerBase):
+class RedisLedger(StoredLedger):
     """A ledger in Redis, shared by every worker that points at it.
 
     ``url_or_client`` is a URL (``redis://host:6379/0``, ``rediss://``,
@@ -805,6 +778,7 @@ class RedisLedger(LedgerBase):
     ttl: dt.timedelta | None
     #: Whether the client is a Redis Cluster client.
     cluster: bool
+    _ops: _Operations
 
     def __init__(
         self,
@@ -972,62 +946,17 @@ class RedisLedger(LedgerBase):
     ) -> None:
         await self.aclose()
 
-    # --- the protocol: each operation built once (``_Operations``), run here ------------
-
-    # Spelled out (not ``claim = _sync(...)`` as in the private async twin): these are public, and
-    # their signatures are what users and type checkers read.
-
-    def claim(
-        self,
-        key: CallKey,
-        *,
-        tool_name: str,
-        args_digest: str,
-        owner: str,
-        now: dt.datetime,
-        lease_expires_at: dt.datetime,
-    ) -> ClaimResult:
-        """Atomically create a ``running`` record owned by ``owner``, or return the one there."""
-        op = self._ops.claim(
-            key, tool_name=tool_name, args_digest=args_digest, owner=owner, now=now, lease_expires_at=lease_expires_at
-        )
-        return self._run(op)
-
-    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Record | None:
-        """Replace ``record`` (still as read) by a ``running`` one for ``owner``, attempt + 1."""
-        return self._run(self._ops.takeover(record, owner=owner, now=now, lease_expires_at=lease_expires_at))
-
-    def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: dt.datetime) -> bool:
-        """Finish the call ``owner`` claimed (fenced); with a ttl, a finished record expires unless in doubt."""
-        return self._run(self._ops.complete(key, owner=owner, status=status, result=result, now=now))
-
-    def release(self, key: CallKey, *, owner: str) -> bool:
-        """Delete the ``running`` record ``owner`` holds."""
-        return self._run(self._ops.release(key, owner=owner))
-
-    def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> bool:
-        """Move the lease of the ``running`` record ``owner`` holds (fenced)."""
-        return self._run(self._ops.renew(key, owner=owner, lease_expires_at=lease_expires_at))
-
-    def get(self, key: CallKey) -> Record | None:
-        """The record of ``key``, or ``None``."""
-        return self._run(self._ops.get(key))
-
-    def get_many(self, keys: Iterable[CallKey]) -> dict[CallKey, Record]:
-        """The records among ``keys`` that exist, pipelined in one round trip."""
-        return self._run(self._ops.get_many(keys))
-
-    def delete(self, key: CallKey) -> bool:
-        """Delete the record of ``key``, whatever its state."""
-        return self._run(self._ops.delete(key))
+    # --- the protocol (``StoredLedger``): each operation built once (``_Operations``), run here
 
     def purge_thread(self, thread_id: str) -> int:
+        """Delete every record of one thread, a batch at a time; returns how many."""
         deleted = 0
         while names := self._run(self._ops.members(thread_id, _BATCH)):
             deleted += self._run(self._ops.purge(thread_id, names))
         return deleted
 
     def records(self, *, thread_id: str | None = None) -> Iterator[Record]:
+        """Every record (of one thread), oldest first."""
         if thread_id is not None:
             names = self._run(self._ops.members(thread_id, 0))
         else:
@@ -1040,16 +969,10 @@ class RedisLedger(LedgerBase):
         return iter(sorted(found, key=lambda r: r.created_at))
 
 
-class _AsyncRedisLedger:
+class _AsyncRedisLedger(AsyncStoredLedger):
     """``RedisLedger.aio`` on ``redis.asyncio``: a client per event loop (its connections belong to that loop)."""
 
-    claim = _async(_Operations.claim)
-    takeover = _async(_Operations.takeover)
-    complete = _async(_Operations.complete)
-    release = _async(_Operations.release)
-    renew = _async(_Operations.renew)
-    get = _async(_Operations.get)
-    get_many = _async(_Operations.get_many)
+    _ops: _Operations
 
     def __init__(self, ledger: RedisLedger) -> None:
         self._ledger = ledger

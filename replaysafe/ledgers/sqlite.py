@@ -37,7 +37,7 @@ class SqliteLedger(SqlLedger):
     transient_errors: tuple[type[BaseException], ...] = (*SqlLedger.transient_errors, sqlite3.OperationalError)
     #: The database file.
     path: Path
-    ops: SqliteOperations
+    _ops: SqliteOperations
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class SqliteLedger(SqlLedger):
             retry=retry,
             signing_key=signing_key,
         )
-        self.ops = SqliteOperations(f'"{self.table.name}"', self.ttl)
+        self._ops = SqliteOperations(f'"{self.table.name}"', self.ttl)
 
     def __repr__(self) -> str:
         return f"SqliteLedger({str(self.path)!r})"
@@ -136,7 +136,7 @@ class SqliteLedger(SqlLedger):
     # --- running steps: on the pooled sqlite3 connection itself ------------------------
     # SQLAlchemy Core would cost far more per statement than SQLite takes to run it.
 
-    def run(self, step: Step | Any) -> Any:
+    def _run(self, step: Step | Any) -> Any:
         if type(step) is not Step:
             return step
         connection = self.engine.raw_connection()

@@ -357,7 +357,7 @@ async def test_hot_statements_are_prepared_unless_turned_off(
                 async with tool_call("t", f"m{n}", "a"):
                     assert await arefund(str(n)) == f"refunded {n}"
         assert len(runs) == 14
-        for statements in (ledger.run(_PREPARED), await ledger.aio.run(_PREPARED)):  # type: ignore[attr-defined]
+        for statements in (ledger.run(_PREPARED), await ledger.aio._run(_PREPARED)):  # type: ignore[attr-defined]
             hot = [s for s in statements if "tool_executions" in s]
             if prepared:
                 assert any(s.startswith("WITH found") for s in hot)  # the claim, which a replay is
