@@ -137,7 +137,7 @@ def _connection_ids(ledger: Ledger, loop: asyncio.AbstractEventLoop) -> list[Any
         sync_id = ledger.run(backend_pid)
 
         async def async_id() -> Any:
-            return await ledger.aio.run(backend_pid)  # type: ignore[attr-defined]
+            return await ledger.aio._run(backend_pid)  # type: ignore[attr-defined]
 
     else:
         return []
