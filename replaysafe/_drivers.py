@@ -134,10 +134,6 @@ async def adrive(protocol: Generator[Effect, Any, Any], driving: Driving) -> Any
 # --- sync effects -----------------------------------------------------------------------
 
 
-def _ledger_op(op: LedgerOp, driving: Driving) -> Any:
-    return perform(op, driving.ledger, driving.tool_name)
-
-
 def _sleep(effect: Sleep, driving: Driving) -> None:
     time.sleep(effect.seconds)
 
@@ -223,13 +219,14 @@ def _record_late(run: Run, done: concurrent.futures.Future[Any], driving: Drivin
         logger.exception("the late completion of %s could not be recorded", describe(spec.name, run.call.key))
 
 
+#: Each effect's performer; a ledger operation is ``perform``'s directly (one frame above the ledger).
 _SYNC: dict[type, Callable[[Any, Driving], Any]] = {
-    Claim: _ledger_op,
-    Takeover: _ledger_op,
-    Complete: _ledger_op,
-    Release: _ledger_op,
-    Renew: _ledger_op,
-    Get: _ledger_op,
+    Claim: perform,
+    Takeover: perform,
+    Complete: perform,
+    Release: perform,
+    Renew: perform,
+    Get: perform,
     Sleep: _sleep,
     Reconcile: _reconcile,
     Run: _invoke,
@@ -250,8 +247,8 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     """
     if not getattr(driving.ledger, "blocking_io", True):
         # Never waits (its .aio runs the same operation inline): nothing to shield, no coroutine to make.
-        return perform(op, driving.ledger, driving.tool_name)
-    task = asyncio.ensure_future(aperform(op, driving.ledger, driving.tool_name))
+        return perform(op, driving)
+    task = asyncio.ensure_future(aperform(op, driving))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:

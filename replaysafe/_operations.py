@@ -1,15 +1,17 @@
 """Making the protocol's ledger operations: retried when the error is transient, failures explained.
 
-``perform`` and ``aperform`` make one operation (``_calls``), try it again when the
-error is transient (``_retry``), and turn a failure into the ``LedgerError`` the
-protocol gets; what a failure leaves to undo is kept for the background (``_pending``).
+``perform`` and ``aperform`` make one operation (``_calls``) on a ``Target`` (a ledger
+and the tool it is for: a driver's ``Driving``, a ``Lease``), try it again when the error
+is transient (``_retry``), and turn a failure into the ``LedgerError`` the protocol gets;
+what a failure leaves to undo is kept for the background (``_pending``).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from . import _metrics
 from ._calls import CALLS
@@ -21,30 +23,64 @@ from ._retry import ledger_retrying
 from .ledgers._protocol import diagnose, is_transient
 
 
-def perform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
-    """Make ``op`` on a sync ledger; a ``LedgerError`` when it fails for good."""
-    if _metrics.observers is None:  # the hot path: nobody measures
-        return _perform(op, ledger, tool_name)
-    start, ok = time.perf_counter(), False
+class Target(Protocol):
+    """Where an operation is made: the ledger, and the tool it is made for (for messages)."""
+
+    @property
+    def ledger(self) -> Any: ...
+    @property
+    def tool_name(self) -> str: ...
+
+
+def perform(op: LedgerOp, target: Target) -> Any:
+    """Make ``op`` on ``target.ledger``; a ``LedgerError`` when it fails for good.
+
+    The hot path is one frame above the ``Ledger`` method: the first attempt is made
+    here, and only a failure enters the retry machinery (``_failed``).
+    """
+    call = CALLS[type(op)]
+    if _metrics.observers is not None:
+        return _measured(op, target, call)
     try:
-        result = _perform(op, ledger, tool_name)
-        ok = True
-        return result
-    finally:
-        _observed(op, ledger, time.perf_counter() - start, ok)
+        return call(target.ledger, op)
+    except BaseException as exc:
+        return _failed(op, target, call, exc)
 
 
-async def aperform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
+async def aperform(op: LedgerOp, target: Target) -> Any:
     """``perform`` on the ledger's async operations (``.aio``)."""
     if _metrics.observers is None:
-        return await _aperform(op, ledger, tool_name)
+        return await _aperform(op, target.ledger, target.tool_name)
     start, ok = time.perf_counter(), False
     try:
-        result = await _aperform(op, ledger, tool_name)
+        result = await _aperform(op, target.ledger, target.tool_name)
         ok = True
         return result
     finally:
-        _observed(op, ledger, time.perf_counter() - start, ok)
+        _observed(op, target.ledger, time.perf_counter() - start, ok)
+
+
+def _measured(op: LedgerOp, target: Target, call: Callable[[Any, Any], Any]) -> Any:
+    start, ok = time.perf_counter(), False
+    try:
+        try:
+            result = call(target.ledger, op)
+        except BaseException as exc:
+            result = _failed(op, target, call, exc)
+        ok = True
+        return result
+    finally:
+        _observed(op, target.ledger, time.perf_counter() - start, ok)
+
+
+def _failed(op: LedgerOp, target: Target, call: Callable[[Any, Any], Any], exc: BaseException) -> Any:
+    """The first attempt of ``op`` raised ``exc``: try again when it is transient, or give up."""
+    ledger, tool_name = target.ledger, target.tool_name
+    if isinstance(exc, Exception):
+        return _retrying(op, ledger, tool_name, exc, asynchronous=False)(call, ledger, op)
+    # Interrupted mid-operation: whether it landed is unknown, so it is undone (or made) later.
+    _defer(undo_for(op), ledger, tool_name)
+    raise exc
 
 
 def _observed(op: LedgerOp, ledger: Any, seconds: float, ok: bool) -> None:
@@ -54,18 +90,6 @@ def _observed(op: LedgerOp, ledger: Any, seconds: float, ok: bool) -> None:
             observer(kind, operation, seconds, ok)
         except Exception:  # a metrics failure never fails the call
             logger.exception("replaysafe ledger observer %r failed", observer)
-
-
-def _perform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:
-    call = CALLS[type(op)]
-    try:
-        return call(ledger, op)
-    except Exception as exc:
-        return _retrying(op, ledger, tool_name, exc, asynchronous=False)(call, ledger, op)
-    except BaseException:
-        # Interrupted mid-operation: whether it landed is unknown, so it is undone (or made) later.
-        _defer(undo_for(op), ledger, tool_name)
-        raise
 
 
 async def _aperform(op: LedgerOp, ledger: Any, tool_name: str) -> Any:

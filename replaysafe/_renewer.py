@@ -51,7 +51,7 @@ def _reported(lease: Lease, renewed: bool | None, error: LedgerError | None = No
 def renew_now(lease: Lease) -> bool | None:
     """Renew one lease: ``True`` done, ``False`` no longer ours, ``None`` the ledger failed."""
     try:
-        return _reported(lease, bool(perform(lease.renewal(utcnow()), lease.ledger, lease.tool_name)))
+        return _reported(lease, bool(perform(lease.renewal(utcnow()), lease)))
     except LedgerError as exc:
         return _reported(lease, None, exc)
 
@@ -59,7 +59,7 @@ def renew_now(lease: Lease) -> bool | None:
 async def arenew_now(lease: Lease) -> bool | None:
     """``renew_now`` on the ledger's async operations."""
     try:
-        return _reported(lease, bool(await aperform(lease.renewal(utcnow()), lease.ledger, lease.tool_name)))
+        return _reported(lease, bool(await aperform(lease.renewal(utcnow()), lease)))
     except LedgerError as exc:
         return _reported(lease, None, exc)
 
