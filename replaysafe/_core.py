@@ -424,6 +424,39 @@ def begin(
     host: Host,
 ) -> Generator[Effect, Any, Replay | Run]:
     """Claim the call as ``owner``, then decide: replay a recorded result, or run the tool."""
+    return _protocol(spec, scope, args_digest, args, kwargs, timeout, sealer, owner, host, whole=False)
+
+
+def replay(
+    spec: ToolSpec,
+    scope: CallScope,
+    args_digest: str,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    timeout: float | None,
+    sealer: Sealer | None,
+    owner: str,
+    host: Host,
+) -> Protocol:
+    """The whole protocol of a plain (not streaming) call: ``begin``, then the run and its
+    settling (``settle_result`` / ``settle_error``); returns the tool's result."""
+    return _protocol(spec, scope, args_digest, args, kwargs, timeout, sealer, owner, host, whole=True)
+
+
+def _protocol(
+    spec: ToolSpec,
+    scope: CallScope,
+    args_digest: str,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    timeout: float | None,
+    sealer: Sealer | None,
+    owner: str,
+    host: Host,
+    *,
+    whole: bool,
+) -> Protocol:
+    """``begin`` (``whole=False``: returns the decision), or ``replay`` (``whole=True``)."""
     key = scope.key
     lease = spec.lease_for(timeout)
 
@@ -431,6 +464,7 @@ def begin(
         call = _call_info(spec, scope, attempt, args, kwargs)
         return Run(call, owner, timeout, host, host.monotonic(), lease, args_digest, sealer)
 
+    decision: Replay | Run
     deadline: float | None = None
     backoff = _constants.WAIT_BACKOFF_FIRST
     while True:
@@ -438,17 +472,20 @@ def begin(
         try:
             found: ClaimResult = yield Claim(key, spec.name, args_digest, owner, now, now + lease)
         except LedgerError as exc:
-            return _unprotected(spec, host, scope, exc, args, kwargs, timeout)
+            decision = _unprotected(spec, host, scope, exc, args, kwargs, timeout)
+            break
         record = found.record
         if record.key != key:
             _report_moved(spec, host, key, record)
         _check_same_call(spec, host, record, args_digest)
         # Our own record: a claim whose first answer was lost and was tried again.
         if found.claimed or (record.status is Status.RUNNING and record.owner == owner):
-            return run(record.attempt)
+            decision = run(record.attempt)
+            break
         verdict = judge(record, now, host.owner_alive)
         if verdict is Verdict.REPLAY:
-            return Replay(_replayed(spec, host, record, sealer))
+            decision = Replay(_replayed(spec, host, record, sealer))
+            break
         if verdict is Verdict.RAISE_RECORDED:
             error = recorded_error(spec, host, record, _trusted_text(spec, host, record, sealer))  # seal first
             host.emit(
@@ -481,14 +518,17 @@ def begin(
             try:
                 taken: Record | None = yield Takeover(record, owner, now, now + lease)
             except LedgerError as exc:
-                return _unprotected(spec, host, scope, exc, args, kwargs, timeout)
+                decision = _unprotected(spec, host, scope, exc, args, kwargs, timeout)
+                break
             if taken is None:
                 continue  # another worker moved first: look again
             if callable(policy):
                 answer = yield from _reconcile(spec, policy, run(taken.attempt), record.attempt)
                 if answer is not RERUN:
-                    return Replay(answer)
-            return run(taken.attempt)
+                    decision = Replay(answer)
+                    break
+            decision = run(taken.attempt)
+            break
         # A live owner runs this very call: wait for its result, with a bounded backoff.
         # The deadline is on the monotonic clock: a wall clock stepped back must not stretch it.
         if deadline is None:
@@ -505,6 +545,21 @@ def begin(
             )
         yield Sleep(min(backoff, left))
         backoff = min(backoff * 2, _constants.WAIT_BACKOFF_MAX)
+    if not whole:
+        return decision
+    # A plain call: the tool runs and its outcome is recorded, in this same generator (one
+    # frame for the drivers to resume at each step, not ``begin`` nested in ``replay``).
+    if isinstance(decision, Replay):
+        return decision.value
+    try:
+        result = yield decision
+    except GeneratorExit:
+        raise
+    except BaseException as exc:
+        yield from settle_error(spec, scope, decision, exc)
+        raise
+    yield from settle_result(spec, decision, result)
+    return result
 
 
 def _replayed(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> Any:
@@ -814,32 +869,6 @@ def _finish(
             key=key,
             owner=owner,
         )
-
-
-def replay(
-    spec: ToolSpec,
-    scope: CallScope,
-    args_digest: str,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    timeout: float | None,
-    sealer: Sealer | None,
-    owner: str,
-    host: Host,
-) -> Protocol:
-    """The whole protocol of a plain (not streaming) call; returns the tool's result."""
-    decision = yield from begin(spec, scope, args_digest, args, kwargs, timeout, sealer, owner, host)
-    if isinstance(decision, Replay):
-        return decision.value
-    try:
-        result = yield decision
-    except GeneratorExit:
-        raise
-    except BaseException as exc:
-        yield from settle_error(spec, scope, decision, exc)
-        raise
-    yield from settle_result(spec, decision, result)
-    return result
 
 
 # --- settling a call by hand -----------------------------------------------------------
