@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ._constants import NODE_TIMEOUT
 from ._keys import reserved_id
-from ._records import CallKey
+from ._records import CallKey, new_tuple
 
 if TYPE_CHECKING:
     from .ledgers import Ledger
@@ -261,10 +261,13 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
         missing_ids_fix: str | None = None,
     ) -> None:
         super().__init__()
-        key = CallKey(
-            _check_id("thread_id", thread_id),
-            _check_id("message_id", message_id),
-            _check_id("tool_call_id", tool_call_id),
+        key = new_tuple(
+            CallKey,
+            (
+                _check_id("thread_id", thread_id),
+                _check_id("message_id", message_id),
+                _check_id("tool_call_id", tool_call_id),
+            ),
         )
         reserved = reserved_id(key)
         if reserved is not None:
@@ -272,13 +275,17 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
 
             field, why = reserved
             raise InvalidCallIdError(f"tool_call(): {field} {getattr(key, field)[:80]!r} {why}")
-        self.scope = CallScope(
-            key,
-            ledger,
-            tuple(pauses) if pauses else (),
-            tool_timeout if tool_timeout is UNSET else timeout_setting(tool_timeout, "tool_timeout"),
-            None if in_doubt is None else check_in_doubt(in_doubt, "tool_call()"),
-            missing_ids_fix=missing_ids_fix,
+        self.scope = new_tuple(
+            CallScope,
+            (
+                key,
+                ledger,
+                tuple(pauses) if pauses else (),
+                tool_timeout if tool_timeout is UNSET else timeout_setting(tool_timeout, "tool_timeout"),
+                None if in_doubt is None else check_in_doubt(in_doubt, "tool_call()"),
+                None,  # parent
+                missing_ids_fix,
+            ),
         )
 
     @classmethod

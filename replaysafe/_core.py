@@ -48,7 +48,7 @@ from ._errors import (
 from ._events import EventKind
 from ._identity import call_idempotency_key
 from ._keys import BUSINESS_THREAD_ID, step_parent
-from ._records import CallKey, ClaimResult, Record, Status
+from ._records import CallKey, ClaimResult, Record, Status, new_tuple
 from ._sealing import Sealer, unsealed
 
 OnLedgerError = Literal["warn", "raise"]
@@ -412,38 +412,8 @@ def _call_info(
 # --- phase 1: claim -----------------------------------------------------------------
 
 
-def begin(
-    spec: ToolSpec,
-    scope: CallScope,
-    args_digest: str,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    timeout: float | None,
-    sealer: Sealer | None,
-    owner: str,
-    host: Host,
-) -> Generator[Effect, Any, Replay | Run]:
-    """Claim the call as ``owner``, then decide: replay a recorded result, or run the tool."""
-    return _protocol(spec, scope, args_digest, args, kwargs, timeout, sealer, owner, host, whole=False)
-
-
-def replay(
-    spec: ToolSpec,
-    scope: CallScope,
-    args_digest: str,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    timeout: float | None,
-    sealer: Sealer | None,
-    owner: str,
-    host: Host,
-) -> Protocol:
-    """The whole protocol of a plain (not streaming) call: ``begin``, then the run and its
-    settling (``settle_result`` / ``settle_error``); returns the tool's result."""
-    return _protocol(spec, scope, args_digest, args, kwargs, timeout, sealer, owner, host, whole=True)
-
-
 def _protocol(
+    whole: bool,
     spec: ToolSpec,
     scope: CallScope,
     args_digest: str,
@@ -453,10 +423,8 @@ def _protocol(
     sealer: Sealer | None,
     owner: str,
     host: Host,
-    *,
-    whole: bool,
 ) -> Protocol:
-    """``begin`` (``whole=False``: returns the decision), or ``replay`` (``whole=True``)."""
+    """``begin`` (``whole`` false: returns the decision), or ``replay`` (``whole``: returns the result)."""
     key = scope.key
     lease = spec.lease_for(timeout)
 
@@ -470,7 +438,7 @@ def _protocol(
     while True:
         now = host.now()
         try:
-            found: ClaimResult = yield Claim(key, spec.name, args_digest, owner, now, now + lease)
+            found: ClaimResult = yield new_tuple(Claim, (key, spec.name, args_digest, owner, now, now + lease))
         except LedgerError as exc:
             decision = _unprotected(spec, host, scope, exc, args, kwargs, timeout)
             break
@@ -560,6 +528,14 @@ def _protocol(
         raise
     yield from settle_result(spec, decision, result)
     return result
+
+
+#: ``begin(spec, scope, args_digest, args, kwargs, timeout, sealer, owner, host)``: claim the
+#: call as ``owner``, then decide: a ``Replay`` of a recorded result, or a ``Run`` of the tool.
+begin = functools.partial(_protocol, False)
+#: ``replay(...)``, begin's arguments: the whole protocol of a plain (not streaming) call, in one
+#: generator (``begin``'s, going on to run and settle); returns the tool's result.
+replay = functools.partial(_protocol, True)
 
 
 def _replayed(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> Any:

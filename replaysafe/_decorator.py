@@ -32,7 +32,7 @@ from ._errors import MissingCallIdError, ToolTimeoutError, UnprotectedCallWarnin
 from ._events import EventKind, emit, wanted
 from ._identity import SignatureDigest, args_digest
 from ._keys import args_key, business_key, step_key
-from ._records import CallKey
+from ._records import CallKey, new_tuple
 from ._streaming import astream, stream
 from .ledgers import Ledger
 
@@ -191,7 +191,7 @@ class _Tool:
         # A call inside another runs under its parent's deadline: a timer of its own would
         # replace the parent's (one SIGALRM per process) or move it to another thread.
         timeout, hard = (None, False) if parent is not None else self._timeout(scope)
-        return Plan(ledger, scope, digest, timeout, getattr(ledger, "sealer", None), hard)
+        return new_tuple(Plan, (ledger, scope, digest, timeout, getattr(ledger, "sealer", None), hard))  # type: ignore[no-any-return]
 
     def _timeout(self, scope: CallScope) -> tuple[float | None, bool]:
         """min(tool_timeout, time left in the node), the most specific setting winning; and

@@ -52,7 +52,7 @@ from ._metrics import ledger_kind
 from ._operations import aperform, perform
 from ._owners import owner_alive, owner_token
 from ._pending import pending_writes
-from ._records import CallKey, Record
+from ._records import CallKey, Record, new_tuple
 from ._renewer import new_lease, renewer, start_renewing
 from ._sealing import Sealer
 from .ledgers import Ledger
@@ -320,7 +320,7 @@ def start(
     """The protocol of one protected call (``replay``, or ``begin`` for a stream), ready to drive."""
     host = _hosts.get(type(plan.ledger)) or _host_for(plan.ledger)
     protocol = phase(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer, owner_token(), host)
-    return protocol, Driving(plan.ledger, spec.name, spec, plan.scope, wrapped, plan.hard_deadline)
+    return protocol, new_tuple(Driving, (plan.ledger, spec.name, spec, plan.scope, wrapped, plan.hard_deadline))
 
 
 #: A host per ledger class: its events name the ledger's kind (for metrics and logs).

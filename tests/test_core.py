@@ -165,3 +165,18 @@ def test_the_wait_is_bounded() -> None:
 def test_judge(status: Status, lease_left: float, verdict: Verdict) -> None:
     """Each stored state maps to one verdict."""
     assert judge(record(status, lease_left=lease_left), NOW, HOST.owner_alive) is verdict
+
+
+def test_tool_call_builds_its_scope_field_by_field() -> None:
+    """``tool_call`` builds its key and scope as plain tuples, in field order: every field lands in its place."""
+    from replaysafe import MemoryLedger, tool_call
+    from replaysafe._context import current_scope
+
+    ledger = MemoryLedger()
+    with tool_call("t", "m", "c", ledger=ledger, tool_timeout=5, in_doubt="raise", missing_ids_fix="fix") as key:
+        scope = current_scope()
+    assert type(key) is CallKey and key == CallKey(thread_id="t", message_id="m", tool_call_id="c")
+    assert type(scope) is CallScope
+    assert scope == CallScope(
+        key=key, ledger=ledger, pauses=(), tool_timeout=5.0, in_doubt="raise", parent=None, missing_ids_fix="fix"
+    )
