@@ -45,6 +45,11 @@ def split_url_options(
     return (f"{base}?{urllib.parse.urlencode(kept)}" if kept else base), options
 
 
+def given_first(from_url: Mapping[str, Any], **given: Any) -> tuple[Any, ...]:
+    """Each argument, or the URL option of its name where the argument is ``None``: an argument wins over the URL."""
+    return tuple(from_url.get(name) if value is None else value for name, value in given.items())
+
+
 def timeout(value: float | None, option: str, default: float) -> float:
     """A positive number of seconds; ``None`` gives the default."""
     if value is None:

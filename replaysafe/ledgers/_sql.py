@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from .._constants import TABLE_NAME
 from .._identity import key_digest
 from .._records import CallKey, Record, Status, expires_at
 from ._protocol import RetryPolicy, SigningKey, StoredLedger, forget_in_forked_child, handed_now
@@ -317,16 +318,17 @@ class SqlLedger(StoredLedger):
     def __init__(
         self,
         engine: Engine | None,
-        *,
-        url: str | sa.URL | None = None,
-        table: str,
+        url: str | sa.URL | None,
+        table: str | None,
         schema: str | None,
         ttl: float | None,
         create_schema: bool,
         retry: RetryPolicy | None,
-        signing_key: SigningKey | None = None,
+        signing_key: SigningKey | None,
     ) -> None:
+        """The settings both SQL ledgers take, in this order; ``table=None``: the default table."""
         super().__init__(retry=retry, signing_key=signing_key)
+        table = TABLE_NAME if table is None else table
         if ttl is not None and ttl <= 0:
             raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
         self.ttl = dt.timedelta(seconds=ttl) if ttl else None

@@ -33,9 +33,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateIndex, CreateSchema, CreateTable
 
-from .._constants import TABLE_NAME
 from .._records import ClaimResult, Record
-from ._options import io_timeouts, split_url_options
+from ._options import given_first, io_timeouts, split_url_options
 from ._protocol import TRANSIENT_FIX, AsyncLedger, AsyncStoredLedger, LedgerFault, RetryPolicy, SigningKey
 from ._sql import CLAIM_ROW, INSERT_COLUMNS, RECORD_COLUMNS, Dialect, Operations, SqlLedger, Step
 from ._watchdog import watchdog
@@ -268,12 +267,15 @@ class PostgresLedger(SqlLedger):
         if isinstance(url_or_engine, (str, sa.URL)):
             text = url_or_engine if isinstance(url_or_engine, str) else url_or_engine.render_as_string(False)
             url_or_engine, from_url = split_url_options(text, _LEDGER_OPTIONS, _LIBPQ_OPTIONS, "PostgresLedger")
-            table = table if table is not None else from_url.get("table")
-            schema = schema if schema is not None else from_url.get("schema")
-            ttl = ttl if ttl is not None else from_url.get("ttl")
-            connect_timeout = connect_timeout if connect_timeout is not None else from_url.get("connect_timeout")
-            io_timeout = io_timeout if io_timeout is not None else from_url.get("io_timeout")
-            prepare = prepare if prepare is not None else from_url.get("prepare")
+            table, schema, ttl, connect_timeout, io_timeout, prepare = given_first(
+                from_url,
+                table=table,
+                schema=schema,
+                ttl=ttl,
+                connect_timeout=connect_timeout,
+                io_timeout=io_timeout,
+                prepare=prepare,
+            )
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 1:
             raise ValueError(f"pool_size must be a positive number of connections, got {pool_size!r}")
         self.prepare = True if prepare is None else bool(prepare)
@@ -299,16 +301,7 @@ class PostgresLedger(SqlLedger):
                 f"PostgresLedger takes a postgresql:// URL or a SQLAlchemy Engine/AsyncEngine, "
                 f"not {type(url_or_engine).__name__}"
             )
-        super().__init__(
-            engine,
-            url=url,
-            table=table if table is not None else TABLE_NAME,
-            schema=schema,
-            ttl=ttl,
-            create_schema=create_schema,
-            retry=retry,
-            signing_key=signing_key,
-        )
+        super().__init__(engine, url, table, schema, ttl, create_schema, retry, signing_key)
         self._ops = PostgresOperations(self._quoted_table(), self.ttl)
         self._pool = _Pool(self._connect, pool_size)
         # Pools a forked child inherited: kept, never used or closed (they hold the parent's sockets).

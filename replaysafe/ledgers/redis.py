@@ -42,7 +42,7 @@ from redis.retry import Retry
 
 from .._errors import ReplaySafeWarning
 from .._records import CallKey, ClaimResult, Record, Status, expires_at
-from ._options import io_timeouts, split_url_options
+from ._options import given_first, io_timeouts, split_url_options
 from ._protocol import (
     TRANSIENT_FIX,
     AsyncLedger,
@@ -795,11 +795,14 @@ class RedisLedger(StoredLedger):
         super().__init__(retry=retry, signing_key=signing_key)
         if isinstance(url_or_client, str):
             url_or_client, from_url = split_url_options(url_or_client, _LEDGER_OPTIONS, _DRIVER_OPTIONS, "RedisLedger")
-            prefix = prefix if prefix is not None else from_url.get("prefix")
-            ttl = ttl if ttl is not None else from_url.get("ttl")
-            connect_timeout = connect_timeout if connect_timeout is not None else from_url.get("connect_timeout")
-            io_timeout = io_timeout if io_timeout is not None else from_url.get("io_timeout")
-            cluster = cluster if cluster is not None else from_url.get("cluster")
+            prefix, ttl, connect_timeout, io_timeout, cluster = given_first(
+                from_url,
+                prefix=prefix,
+                ttl=ttl,
+                connect_timeout=connect_timeout,
+                io_timeout=io_timeout,
+                cluster=cluster,
+            )
         prefix = "replaysafe" if prefix is None else prefix
         self.connect_timeout, self.io_timeout = io_timeouts(connect_timeout, io_timeout)
         if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):

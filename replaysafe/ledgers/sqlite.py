@@ -12,9 +12,8 @@ from typing import Any, Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from .._constants import TABLE_NAME
 from .._records import ClaimResult, Record
-from ._options import split_url_options
+from ._options import given_first, split_url_options
 from ._protocol import TRANSIENT_FIX, LedgerFault, RetryPolicy, SigningKey
 from ._sql import CLAIM_ROW, INSERT_COLUMNS, KEYED_COLUMNS, Dialect, Operations, SqlLedger, Step
 
@@ -54,9 +53,7 @@ class SqliteLedger(SqlLedger):
         text = os.fspath(path_or_url)
         if text.startswith("sqlite:"):
             text, from_url = split_url_options(text, _LEDGER_OPTIONS, (), "SqliteLedger")
-            table = table if table is not None else from_url.get("table")
-            ttl = ttl if ttl is not None else from_url.get("ttl")
-            busy_timeout = busy_timeout if busy_timeout is not None else from_url.get("busy_timeout")
+            table, ttl, busy_timeout = given_first(from_url, table=table, ttl=ttl, busy_timeout=busy_timeout)
             url = sa.make_url(text)
             database = url.database or ""
         else:
@@ -72,16 +69,7 @@ class SqliteLedger(SqlLedger):
         self.path = Path(database)
         self._synchronous = synchronous
         self._busy_timeout_ms = int((busy_timeout if busy_timeout is not None else 30.0) * 1000)
-        super().__init__(
-            None,
-            url=url,
-            table=table if table is not None else TABLE_NAME,
-            schema=None,
-            ttl=ttl,
-            create_schema=create_schema,
-            retry=retry,
-            signing_key=signing_key,
-        )
+        super().__init__(None, url, table, None, ttl, create_schema, retry, signing_key)
         self._ops = SqliteOperations(f'"{self.table.name}"', self.ttl)
 
     def __repr__(self) -> str:
