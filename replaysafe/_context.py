@@ -113,7 +113,9 @@ class RunningCall(CallInfo):
         cls, scope: CallScope, tool_name: str, attempt: int, args: tuple[Any, ...], kwargs: Mapping[str, Any]
     ) -> RunningCall:
         key = scope.key
-        call = cls(key.thread_id, key.message_id, key.tool_call_id, tool_name, attempt, args, kwargs, scope.parent)
+        call: RunningCall = new_tuple(
+            cls, (key.thread_id, key.message_id, key.tool_call_id, tool_name, attempt, args, kwargs, scope.parent)
+        )
         call.scope = scope
         return call
 

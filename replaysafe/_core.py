@@ -452,7 +452,10 @@ def _protocol(
             break
         verdict = judge(record, now, host.owner_alive)
         if verdict is Verdict.REPLAY:
-            decision = Replay(_replayed(spec, host, record, sealer))
+            value = _replayed(spec, host, record, sealer)
+            if whole:  # the hot replay: its value, with no decision to build and unpack
+                return value
+            decision = Replay(value)
             break
         if verdict is Verdict.RAISE_RECORDED:
             error = recorded_error(spec, host, record, _trusted_text(spec, host, record, sealer))  # seal first
@@ -823,7 +826,7 @@ def _finish(
     if run.sealer is not None and (encoded is not None or status not in (Status.IN_DOUBT, Status.PAUSED)):
         encoded = run.sealer.seal(key, spec.name, run.args_digest, status, encoded)
     try:
-        recorded = yield Complete(key, owner, status, encoded, host.now())
+        recorded = yield new_tuple(Complete, (key, owner, status, encoded, host.now()))
     except LedgerError as exc:
         host.emit(
             EventKind.LEDGER_ERROR,
