@@ -126,10 +126,15 @@ _PRIVILEGES = {
     "database": ("CREATE", "DATABASE", "to create the ledger's schema (create_schema=True)"),
     "schema": ("USAGE, CREATE", "SCHEMA", "to reach the ledger's table and, with create_schema=True, create it"),
     "table": ("SELECT, INSERT, UPDATE, DELETE", "TABLE", "to claim, record, read and delete calls"),
+    "function": ("EXECUTE", "FUNCTION", "to claim calls"),
 }
-_DENIED = re.compile(r"permission denied for (database|schema|table) (.+)")
+_DENIED = re.compile(r"permission denied for (database|schema|table|function) (.+)")
 _MISSING_TABLE_FIX = (
     "The ledger's table or schema does not exist: pass create_schema=True, or apply ledger.ddl() (a migration)."
+)
+_MISSING_FUNCTION_FIX = (
+    "The ledger's claim function (<table>_claim, beside the table) does not exist, as in a table made by an "
+    "earlier version: pass create_schema=True, or apply the CREATE FUNCTION of ledger.ddl() (a migration)."
 )
 _URL_FIX = "The connection settings are invalid: fix the postgresql:// URL or its options."
 _SQL_FIX = "PostgreSQL refused a ledger statement: check that the table matches ledger.ddl() (no foreign table)."
@@ -184,6 +189,8 @@ def _diagnose(exc: BaseException, role: str | None = None) -> LedgerFault:
         return LedgerFault(False, _privilege_fix(getattr(cause.diag, "message_primary", None) or "", role))
     if state in ("42P01", "3F000"):
         return LedgerFault(False, _MISSING_TABLE_FIX)
+    if state == "42883":  # undefined_function
+        return LedgerFault(False, _MISSING_FUNCTION_FIX)
     if state.startswith(_TRANSIENT_CLASSES) or state in _TRANSIENT_STATES:
         return LedgerFault(True, TRANSIENT_FIX)
     if state:
@@ -302,7 +309,7 @@ class PostgresLedger(SqlLedger):
                 f"not {type(url_or_engine).__name__}"
             )
         super().__init__(engine, url, table, schema, ttl, create_schema, retry, signing_key)
-        self._ops = PostgresOperations(self._quoted_table(), self.ttl)
+        self._ops = PostgresOperations(self._quoted_table(), self.ttl, self._quoted_claim_function())
         self._pool = _Pool(self._connect, pool_size)
         # Pools a forked child inherited: kept, never used or closed (they hold the parent's sockets).
         self._orphans: list[Any] = []
@@ -314,6 +321,12 @@ class PostgresLedger(SqlLedger):
 
     def _quoted_table(self) -> str:
         return _DIALECT.identifier_preparer.format_table(self.table)
+
+    def _quoted_claim_function(self) -> str:
+        """The claim's function: ``<table>_claim``, in the table's schema."""
+        preparer = _DIALECT.identifier_preparer
+        name = preparer.quote(f"{self.table.name}_claim")
+        return name if self.table.schema is None else f"{preparer.quote_schema(self.table.schema)}.{name}"
 
     # --- engine, schema and connections --------------------------------------------
 
@@ -388,6 +401,10 @@ class PostgresLedger(SqlLedger):
                 conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_DDL_LOCK)))
                 for statement in self._ddl_elements():
                     conn.execute(statement)
+                # Made only when missing, like the table: replacing it would need its owner's role.
+                exists = sa.select(sa.func.to_regproc(self._ops.claim_function))
+                if conn.execute(exists).scalar() is None:
+                    conn.execute(self._claim_function_element())
 
     def _ddl_elements(self) -> list[Any]:
         elements: list[Any] = []
@@ -397,10 +414,14 @@ class PostgresLedger(SqlLedger):
         elements += [CreateIndex(index, if_not_exists=True) for index in self.table.indexes]
         return elements
 
+    def _claim_function_element(self) -> sa.ExecutableDDLElement:
+        return sa.DDL(self._ops.claim_function_ddl())  # type: ignore[no-untyped-call]
+
     def ddl(self, dialect: sa.Dialect | None = None) -> list[str]:
-        """The statements that create the schema, table and indexes, for an operator's migrations."""
+        """The statements that create the schema, table, indexes and claim function, for an operator's migrations."""
         dialect = dialect or _DIALECT
-        return [str(element.compile(dialect=dialect)).strip() for element in self._ddl_elements()]
+        elements = [*self._ddl_elements(), self._claim_function_element()]
+        return [str(element.compile(dialect=dialect)).strip() for element in elements]
 
     # --- connections and the runners ---------------------------------------------------
 
@@ -490,22 +511,65 @@ class PostgresLedger(SqlLedger):
         return self._aio_pg
 
 
+#: The claim function's parameters: the key's digest, its three ids, the tool, the arguments' digest,
+#: the owner, the claim's time and its lease's end (``CLAIM_ROW`` writes the time twice).
+_CLAIM_ARGUMENTS = ("text",) * 7 + ("timestamptz",) * 2
+_CLAIM_ROW_ARGUMENTS = (1, 2, 3, 4, 5, 6, 7, 8, 8, 9)
+#: What a claim reads back, in the order of ``RECORD_COLUMNS`` after a first ``claimed`` flag.
+_CLAIM_RESULT = (
+    "claimed boolean, tool_name text, args_digest varchar, status varchar, result text, owner text, "
+    "attempt integer, created_at timestamptz, updated_at timestamptz, lease_expires_at timestamptz, "
+    "expires_at timestamptz"
+)
+
+
+def _numbered(text: str, numbers: tuple[int, ...]) -> str:
+    """``text`` with its ``?`` placeholders, in order, as the positional parameters ``$n`` of ``numbers``."""
+    parts = text.split("?")
+    numbered = [f"{part}${n}" for part, n in zip(parts, numbers, strict=False)]
+    if len(numbered) != len(parts) - 1:
+        raise ValueError("as many numbers as placeholders")
+    return "".join(numbered) + parts[-1]
+
+
 class PostgresOperations(Operations):
     """The shared operations, and a claim that reads or writes in one statement (one round trip)."""
 
-    def __init__(self, table: str, ttl: dt.timedelta | None) -> None:
+    def __init__(self, table: str, ttl: dt.timedelta | None, claim_function: str) -> None:
+        """``claim_function`` is the quoted, validated name of the claim's write (see ``claim_function_ddl``)."""
         super().__init__(table, _SQL_DIALECT, ttl)
-        nulls = ", ".join(["NULL"] * len(RECORD_COLUMNS.split(", ")))
-        # A live record is read without writing or locking anything (a hit stays a
-        # plain read). Otherwise the INSERT claims the key, or replaces a record whose
-        # ttl ran out. When another worker's INSERT commits after this statement's
-        # snapshot, neither branch returns a row: the claim runs again and then sees it.
+        self.claim_function = claim_function
+        arguments = ", ".join(["?"] * len(_CLAIM_ARGUMENTS))
+        # A live record is read by its key alone: a replay reads, writes and locks nothing.
+        # Only when there is none does the LIMIT let the second branch run, the function
+        # whose INSERT claims the key or replaces a record whose ttl ran out (a function:
+        # an INSERT in the statement itself is set up on every run, a replay's too). When
+        # another worker's INSERT commits after this statement's snapshot, neither branch
+        # returns a row: the claim runs again and then sees it. The function is parallel
+        # unsafe (the default), so the branches never run out of order.
         self._claim = self.sql(
-            f"WITH found AS (SELECT {RECORD_COLUMNS} FROM {table} "
-            "WHERE call_key = ? AND (expires_at IS NULL OR expires_at > ?)), "
-            f"claimed AS (INSERT INTO {table} AS t ({INSERT_COLUMNS}) SELECT {CLAIM_ROW} "
-            f"WHERE NOT EXISTS (SELECT FROM found) {self.upsert_tail} RETURNING 1) "
-            f"SELECT false, {RECORD_COLUMNS} FROM found UNION ALL SELECT true, {nulls} FROM claimed"
+            f"SELECT false, {RECORD_COLUMNS} FROM {table} "
+            "WHERE call_key = ? AND (expires_at IS NULL OR expires_at > ?) "
+            f"UNION ALL SELECT * FROM {claim_function}({arguments}) LIMIT 1"
+        )
+
+    def claim_function_ddl(self) -> str:
+        """The claim's write, a PL/pgSQL function: plain SQL would plan its INSERT on every call."""
+        nulls = ", ".join(f"NULL::{column.split()[1]}" for column in _CLAIM_RESULT.split(", ")[1:])
+        row = _numbered(CLAIM_ROW, _CLAIM_ROW_ARGUMENTS)
+        upsert = _numbered(self.upsert_tail, (8,))
+        return (
+            f"CREATE OR REPLACE FUNCTION {self.claim_function}({', '.join(_CLAIM_ARGUMENTS)}) "
+            f"RETURNS TABLE ({_CLAIM_RESULT}) LANGUAGE plpgsql AS $claim$\n"
+            "#variable_conflict use_column\n"
+            "BEGIN\n"
+            f"    INSERT INTO {self.table} AS t ({INSERT_COLUMNS}) VALUES ({row})\n"
+            f"        {upsert};\n"
+            "    IF FOUND THEN\n"
+            f"        RETURN QUERY SELECT true, {nulls};\n"
+            "    END IF;\n"
+            "END\n"
+            "$claim$"
         )
 
     def claim(self, record: Record) -> Step:
@@ -518,7 +582,7 @@ class PostgresOperations(Operations):
             return ClaimResult(record, True) if row[0] else ClaimResult(self.record(record.key, row[1:]), False)
 
         now = params[7]
-        step = Step(self._claim, (params[0], now, *params, now), read)
+        step = Step(self._claim, (params[0], now, *params[:8], params[9]), read)
         return step
 
 

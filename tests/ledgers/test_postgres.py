@@ -219,11 +219,45 @@ def test_ddl_applied_by_hand_with_create_schema_off(postgres_url: str) -> None:
     statements = ledger.ddl()
     assert statements[0] == f"CREATE SCHEMA IF NOT EXISTS {schema}"
     assert any("PRIMARY KEY (call_key)" in s for s in statements)
+    assert statements[-1].startswith(f"CREATE OR REPLACE FUNCTION {schema}.tool_executions_claim(")
     with psycopg.connect(libpq_url(server), autocommit=True) as conn:
         for statement in statements:
             conn.execute(statement)  # type: ignore[call-overload]
     with ledger:
         assert claim(ledger, CallKey("t", "m", "c"))
+        assert not claim(ledger, CallKey("t", "m", "c"))  # a replay reads the record
+
+
+def _table_of_an_earlier_version(server: str, schema: str) -> None:
+    """The schema, table and indexes of ``ddl()``, without the claim function (a deployment made before it)."""
+    with psycopg.connect(libpq_url(server), autocommit=True) as conn:
+        for statement in PostgresLedger(server, schema=schema).ddl():
+            if "FUNCTION" not in statement:
+                conn.execute(statement)  # type: ignore[call-overload]
+
+
+def test_a_table_without_its_claim_function_gets_it_with_create_schema(postgres_url: str) -> None:
+    """An existing deployment upgrades by itself when the ledger may create: the function is made on first use."""
+    server, schema = _split(postgres_url)
+    _table_of_an_earlier_version(server, schema)
+    with PostgresLedger(server, schema=schema) as ledger:
+        assert claim(ledger, CallKey("t", "m", "c"))
+        assert not claim(ledger, CallKey("t", "m", "c"))
+
+
+def test_a_missing_claim_function_without_create_schema_fails_closed(postgres_url: str) -> None:
+    """create_schema=False on a table made before the claim function: the error names the function and the fix."""
+    server, schema = _split(postgres_url)
+    _table_of_an_earlier_version(server, schema)
+    with PostgresLedger(server, schema=schema, create_schema=False) as ledger:
+
+        @replay_safe(ledger=ledger, on_ledger_error="raise")
+        def tool() -> int:
+            return 1
+
+        with tool_call("t", "m", "c"), pytest.raises(LedgerError, match=r"claim function.*ledger\.ddl\(\)") as raised:
+            tool()
+        assert raised.value.permanent
 
 
 def test_a_missing_table_without_create_schema_fails_closed(postgres_url: str) -> None:
@@ -360,7 +394,7 @@ async def test_hot_statements_are_prepared_unless_turned_off(
         for statements in (ledger.run(_PREPARED), await ledger.aio._run(_PREPARED)):  # type: ignore[attr-defined]
             hot = [s for s in statements if "tool_executions" in s]
             if prepared:
-                assert any(s.startswith("WITH found") for s in hot)  # the claim, which a replay is
+                assert any(s.startswith("SELECT false") and "_claim(" in s for s in hot)  # the claim, which a replay is
                 assert any(s.startswith("UPDATE") and "SET status" in s for s in hot)  # complete
             else:
                 assert hot == []
