@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import uuid
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,7 @@ def test_deeply_nested_data(ledger: Ledger) -> None:
 
 
 def corrupt(ledger: SqliteLedger, text: str) -> None:
-    with sqlite3.connect(ledger.path) as connection:
+    with closing(sqlite3.connect(ledger.path)) as connection, connection:
         connection.execute("UPDATE tool_executions SET result = ?", (text,))
 
 

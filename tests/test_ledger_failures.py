@@ -6,6 +6,7 @@ import asyncio
 import logging
 import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def test_unreadable_ledger_fails_closed_when_asked(unreachable: RedisLedger) -> 
 
 
 def _drop_table(path: Path) -> None:
-    with sqlite3.connect(path) as connection:
+    with closing(sqlite3.connect(path)) as connection, connection:
         connection.execute("DROP TABLE tool_executions")
 
 

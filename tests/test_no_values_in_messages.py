@@ -12,6 +12,7 @@ import logging
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -197,7 +198,7 @@ def test_ledger_failures_timeouts_and_waits(tmp_path: Path, seen: Seen) -> None:
 
     @replay_safe(ledger=ledger, on_ledger_error="raise")
     def charge(card: str) -> str:
-        with sqlite3.connect(ledger.path) as connection:
+        with closing(sqlite3.connect(ledger.path)) as connection, connection:
             connection.execute("DROP TABLE tool_executions")  # the record cannot be written
         return f"charged {card}"
 

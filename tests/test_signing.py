@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ Tamper = Callable[[Ledger, CallKey, dict[str, Any]], None]
 def tamper_sqlite(ledger: Ledger, key: CallKey, fields: dict[str, Any]) -> None:
     """Write straight into the SQLite file, as anyone with access to it could."""
     assert isinstance(ledger, SqliteLedger)
-    with sqlite3.connect(ledger.path) as db:
+    with closing(sqlite3.connect(ledger.path)) as db, db:
         for column, value in fields.items():
             db.execute(
                 f"UPDATE tool_executions SET {column} = ? WHERE thread_id = ? AND message_id = ? AND tool_call_id = ?",
@@ -376,7 +377,7 @@ def _move_sqlite(ledger: Ledger, source: CallKey, target: CallKey) -> None:
     assert isinstance(ledger, SqliteLedger)
     from replaysafe._identity import key_digest
 
-    with sqlite3.connect(ledger.path) as db:
+    with closing(sqlite3.connect(ledger.path)) as db, db:
         db.execute("DELETE FROM tool_executions WHERE call_key = ?", (key_digest(*target),))
         db.execute(
             "UPDATE tool_executions SET call_key = ? WHERE call_key = ?", (key_digest(*target), key_digest(*source))

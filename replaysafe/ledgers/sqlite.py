@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import sqlite3
+import weakref
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,6 +120,9 @@ class SqliteLedger(SqlLedger):
                 cursor.execute(pragma)
             cursor.close()
 
+        # A ledger dropped without close() closes its pooled connections all the same: sqlite3
+        # leaves an open one to the garbage collector, which Python 3.13 warns of.
+        weakref.finalize(self, engine.dispose)
         return engine
 
     # --- running steps: on the pooled sqlite3 connection itself ------------------------
