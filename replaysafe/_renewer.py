@@ -131,6 +131,11 @@ class Renewer:
             earliest = schedule.next_due()
             timeout = None if earliest is None else max(earliest - time.monotonic(), 0.0)
             self._wakes_at = math.inf if earliest is None else earliest
+            # A lease queued after the loop above, while _wakes_at was still -inf, did not wake us:
+            # look again now that it is set (add() appends before it reads _wakes_at, so one of the
+            # two sees the other: the lease is taken in either way).
+            if self._incoming:
+                timeout = 0.0
 
 
 renewer = Renewer()

@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -369,3 +370,31 @@ def test_a_lost_lease_stops_renewing_and_the_owner_learns_it_at_completion(
     assert (record.owner, record.status) == ("another-host:1:1#1", Status.RUNNING)
     assert record.lease_expires_at > datetime.now(timezone.utc) + timedelta(seconds=500)  # not renewed by us
     assert [e.kind for e in events if e.kind is EventKind.DUPLICATE_DETECTED] == [EventKind.DUPLICATE_DETECTED]
+
+
+def test_a_lease_queued_while_the_renewer_renews_another_is_renewed_when_due() -> None:
+    """A lease added while the renewer thread is awake but done taking new leases in (here: while it renews
+    another) is renewed when it is due: it wakes the thread or is seen before the thread sleeps. Before, the
+    thread went to sleep without it (with nothing else scheduled, forever), so a running call's lease ran out
+    and another host could take the call over while it still ran."""
+    from replaysafe._renewer import Renewer
+
+    renewer = Renewer()
+    length = timedelta(seconds=60)
+    renewed: list[CallKey] = []
+    second_renewed = threading.Event()
+    first_key, second_key = CallKey("t", "m", "first"), CallKey("t", "m", "second")
+
+    class QueuingLedger(MemoryLedger):
+        def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> bool:
+            renewed.append(key)
+            if key == first_key:  # the thread is past taking leases in: queue the second one now
+                renewer.add(Lease(second_key, "me", "second", length, self, time.monotonic() + 0.05))
+            else:
+                second_renewed.set()
+            return False  # no such claim: each lease ends at its first renewal, nothing stays scheduled
+
+    ledger = QueuingLedger()
+    renewer.add(Lease(first_key, "me", "first", length, ledger, time.monotonic()))
+    assert second_renewed.wait(30), f"the renewer renewed {renewed} and went to sleep without the second lease"
+    assert renewed == [first_key, second_key]
