@@ -105,7 +105,10 @@ class Renewer:
                     thread = threading.Thread(target=self._run, name="replaysafe-lease-renewer", daemon=True)
                     thread.start()
                     self._thread = thread
-        elif lease.due < self._wakes_at or len(self._incoming) > _MAX_INCOMING:
+                    return  # the new thread takes every queued lease in before it first sleeps
+            # Another caller started the thread while this lease was queued: it may already sleep
+            # past this lease's due time, so wake it as any later add would.
+        if lease.due < self._wakes_at or len(self._incoming) > _MAX_INCOMING:
             self._wake.set()
 
     @staticmethod

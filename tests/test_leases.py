@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import sqlite3
@@ -398,3 +399,39 @@ def test_a_lease_queued_while_the_renewer_renews_another_is_renewed_when_due() -
     renewer.add(Lease(first_key, "me", "first", length, ledger, time.monotonic()))
     assert second_renewed.wait(30), f"the renewer renewed {renewed} and went to sleep without the second lease"
     assert renewed == [first_key, second_key]
+
+
+def test_a_lease_queued_while_another_caller_starts_the_renewer_is_renewed_when_due() -> None:
+    """Two threads make their first protected calls at once: the second queues its lease while the first
+    starts the renewer thread, which takes the first lease in and sleeps before the second caller gets past
+    the start lock. The second caller wakes it, so its lease is renewed when due. Before, it returned
+    without waking the thread, and with nothing else scheduled the lease was never renewed."""
+    from replaysafe._renewer import Renewer
+
+    renewer = Renewer()
+    length = timedelta(seconds=60)
+    renewed: list[str] = []
+    second_renewed = threading.Event()
+
+    class EndingLedger(MemoryLedger):
+        def renew(self, key: CallKey, *, owner: str, lease_expires_at: datetime) -> bool:
+            renewed.append(key.tool_call_id)
+            if key.tool_call_id == "second":
+                second_renewed.set()
+            return False  # no such claim: each lease ends at its first renewal, nothing stays scheduled
+
+    ledger = EndingLedger()
+    first = Lease(CallKey("t", "m", "first"), "me", "first", length, ledger, time.monotonic())
+    second = Lease(CallKey("t", "m", "second"), "me", "second", length, ledger, time.monotonic() + 0.05)
+    with renewer._start_lock:  # the first caller, between starting the thread and publishing it
+        renewer._incoming.append(first)
+        thread = threading.Thread(target=renewer._run, name="replaysafe-lease-renewer", daemon=True)
+        thread.start()
+        _wait_for(lambda: renewed == ["first"] and renewer._wakes_at == math.inf, "the renewer asleep")
+        second_caller = threading.Thread(target=renewer.add, args=(second,))
+        second_caller.start()  # queues its lease, finds no thread, waits for the start lock
+        _wait_for(lambda: len(renewer._incoming) == 1, "the second lease queued")
+        renewer._thread = thread
+    second_caller.join(30)
+    assert second_renewed.wait(30), f"the renewer renewed {renewed} and slept without the second lease"
+    assert renewed == ["first", "second"]
