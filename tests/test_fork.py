@@ -232,3 +232,27 @@ def test_a_forked_child_renews_its_own_leases(durable_ledger: Ledger) -> None:
     """The parent's renewer thread does not exist in a child: the child starts its own."""
     assert _renewed_while_running(durable_ledger, new_thread_id())  # the parent's renewer thread runs now
     assert in_child(lambda: _renewed_while_running(durable_ledger, new_thread_id())) is True
+
+
+def test_one_ledger_that_cannot_reset_in_a_child_does_not_stop_the_others() -> None:
+    """Every ledger of the process resets in a forked child, even when one of them fails to: the others
+    must not keep the parent's lock or sockets. (The failure is logged, naming the ledger's type.)"""
+    from replaysafe import MemoryLedger
+
+    class Unresettable(MemoryLedger):
+        def _forget_parent(self) -> None:
+            raise RuntimeError("cannot reset")
+
+    class Resetting(MemoryLedger):
+        reset = False
+
+        def _forget_parent(self) -> None:
+            super()._forget_parent()
+            self.reset = True
+
+    # Many beside the one that fails: whatever order the child visits them in, some come after it.
+    broken = Unresettable()
+    resetting = [Resetting() for _ in range(20)]
+    seen = in_child(lambda: [ledger.reset for ledger in resetting])
+    assert seen == [True] * len(resetting)
+    assert broken is not None  # kept alive (registered weakly) until the child has forked

@@ -11,6 +11,7 @@ import asyncio
 import contextvars
 import dataclasses
 import functools
+import logging
 import os
 import uuid
 import weakref
@@ -295,7 +296,17 @@ def forget_in_forked_child(ledger: LedgerBase) -> None:
 
 def _after_fork_in_child() -> None:
     for ledger in list(_ledgers):
-        ledger._forget_parent()
+        # One ledger's failure must not leave the others on the parent's sockets. (A ledger
+        # forked while another thread was still building it is never used here: that thread
+        # does not exist in the child.)
+        try:
+            ledger._forget_parent()
+        except Exception as exc:  # reported; the other ledgers still forget
+            logging.getLogger("replaysafe").warning(
+                "a forked child could not reset a %s (%s); do not use it in this process",
+                type(ledger).__name__,
+                type(exc).__name__,
+            )
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -305,7 +316,9 @@ class LedgerBase:
     """What every ledger shares: context management, lazy open, retry settings, resolve."""
 
     transient_errors: tuple[type[BaseException], ...] = ()
-    #: Whether operations wait on I/O (then ``.aio`` runs them in a worker thread).
+    #: Whether operations wait on I/O (then ``.aio`` runs them in a worker thread). A ledger that
+    #: says ``False`` runs its operations inline on the event loop, retries included: it must
+    #: never fail transiently (a retry would sleep on the loop).
     blocking_io = True
     #: How transient errors are retried.
     retry: RetryPolicy
