@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 _DRIVER = "postgresql+psycopg"
+#: The longest table name whose claim function, ``<table>_claim``, fits PostgreSQL's 63-byte names.
+_MAX_TABLE_NAME = 63 - len("_claim")
 _DIALECT: sa.Dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
 #: Connections a ledger (and each event loop) holds at most by default; more callers wait for one.
 _POOL_SIZE = 10
@@ -307,6 +309,12 @@ class PostgresLedger(SqlLedger):
             raise TypeError(
                 f"PostgresLedger takes a postgresql:// URL or a SQLAlchemy Engine/AsyncEngine, "
                 f"not {type(url_or_engine).__name__}"
+            )
+        if isinstance(table, str) and len(table) > _MAX_TABLE_NAME:
+            # PostgreSQL cuts names at 63 bytes: two long table names would share one claim function.
+            raise ValueError(
+                f"table {table!r} is longer than {_MAX_TABLE_NAME} characters: PostgreSQL cuts names at 63 bytes "
+                f"and the ledger's claim function ({table[:20]}..._claim) must keep its own; choose a shorter name"
             )
         super().__init__(engine, url, table, schema, ttl, create_schema, retry, signing_key)
         self._ops = PostgresOperations(self._quoted_table(), self.ttl, self._quoted_claim_function())

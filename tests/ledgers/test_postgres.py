@@ -424,3 +424,12 @@ def test_pool_size_bounds_the_connections_a_ledger_holds(postgres_url: str) -> N
 def test_pool_size_must_be_a_positive_count(postgres_url: str, size: object) -> None:
     with pytest.raises(ValueError, match="pool_size must be a positive number of connections"):
         PostgresLedger(postgres_url, pool_size=size)  # type: ignore[arg-type]
+
+
+def test_a_table_name_too_long_for_its_claim_function_is_refused(postgres_server_url: str) -> None:
+    """PostgreSQL cuts names at 63 bytes: two tables of 62 and 63 characters would share one claim
+    function (``<table>_claim``) and one ledger's claims would land in the other's table."""
+    longest = "t" * 57
+    assert PostgresLedger(postgres_server_url, table=longest, create_schema=False).table.name == longest
+    with pytest.raises(ValueError, match="longer than 57 characters"):
+        PostgresLedger(postgres_server_url, table=longest + "t", create_schema=False)
