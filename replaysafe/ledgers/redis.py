@@ -24,6 +24,7 @@ import datetime as dt
 import functools
 import hashlib
 import re
+import threading
 import urllib.parse
 import warnings
 import weakref
@@ -349,6 +350,8 @@ class _Held:
         self._make: Callable[[], Any] = functools.partial(pool.connection_class, **pool.connection_kwargs)
         self._callbacks: dict[str, Callable[[Any], Any]] = client.response_callbacks
         self._idle: list[Any] = []
+        #: Set by ``close()``: a connection a command in flight gives back afterwards is closed too.
+        self._closed = False
 
     @staticmethod
     def fits(client: Any) -> bool:
@@ -379,6 +382,8 @@ class _Held:
             raise
         finally:
             self._idle.append(conn)
+            if self._closed:  # closed while this command ran: its connection must not stay open
+                self.close()
         return self._read(command[0], reply)
 
     def pipeline(self, transaction: bool) -> Any:
@@ -388,8 +393,13 @@ class _Held:
         return self.client.script_load(text)
 
     def close(self) -> None:
+        self._closed = True
         while self._idle:
-            self._idle.pop().disconnect()
+            try:
+                conn = self._idle.pop()
+            except IndexError:  # another thread took the last one
+                break
+            conn.disconnect()
 
 
 class _AsyncHeld(_Held):
@@ -426,10 +436,14 @@ class _AsyncHeld(_Held):
             await conn.disconnect(nowait=True)
             raise
         finally:
-            self._idle.append(conn)
+            if self._closed:  # closed while this command ran: its connection must not stay open
+                await conn.disconnect(nowait=True)
+            else:
+                self._idle.append(conn)
         return self._read(command[0], reply)
 
     async def aclose(self) -> None:
+        self._closed = True
         while self._idle:
             await self._idle.pop().disconnect()
 
@@ -840,6 +854,7 @@ class RedisLedger(StoredLedger):
             _warn_if_unbounded(url_or_client)
         #: ``_commands``: the held connections of the sync client (or the client), made on first use.
         self._held: Any = None
+        self._held_lock = threading.Lock()
         self._aio_redis: _AsyncRedisLedger | None = None
         # Clients a forked child inherited: kept, never used or closed (the parent's sockets).
         self._orphans: list[Any] = []
@@ -890,8 +905,11 @@ class RedisLedger(StoredLedger):
         """Where the runner sends commands: the held connections of a single-server client, or the client."""
         held = self._held
         if held is None:
-            client = self.client
-            held = self._held = _Held(client) if _Held.fits(client) else client
+            with self._held_lock:  # two first commands at once: one set of held connections
+                held = self._held
+                if held is None:
+                    client = self.client
+                    held = self._held = _Held(client) if _Held.fits(client) else client
         return held
 
     def _run(self, op: _Op[_T]) -> _T:
@@ -925,6 +943,7 @@ class RedisLedger(StoredLedger):
     def _forget_parent(self) -> None:
         """In a forked child: connect afresh. A socket shared with the parent would mix
         the two processes' commands and replies."""
+        self._held_lock = threading.Lock()  # a fork may copy it held by another thread
         if self._held is not None:
             self._orphans.append(self._held)
             self._held = None

@@ -260,3 +260,16 @@ def test_a_value_of_another_format_fails_closed_naming_the_fix(rl: RedisLedger, 
         fault = rl.diagnose(raised.value)
         assert not fault.transient
         assert "new prefix" in fault.fix
+
+
+def test_a_connection_given_back_after_close_is_closed_too(rl: RedisLedger) -> None:
+    """A command that gives its held connection back after the ledger's connections were closed
+    (a command in flight during ``close()``) closes it then: none stays open in a closed ledger."""
+    key = CallKey("t", "m", "c")
+    assert rl.get(key) is None  # the held connections exist now
+    held = rl._held
+    assert held is not None and held._idle, "a single-server client's commands run on held connections"
+    held.close()
+    assert held._idle == []
+    assert held.execute_command("GET", "rs-test-unused") is None  # ends after close: its connection is closed
+    assert held._idle == []
