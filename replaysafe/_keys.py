@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ._errors import ArgumentDigestError
+from ._errors import ArgumentDigestError, InvalidCallIdError
 from ._identity import args_digest
 from ._records import CallKey
 
@@ -53,7 +53,21 @@ def reserved_id(key: CallKey) -> tuple[str, str] | None:
 
 
 def step_key(parent: CallKey, tool_name: str, ordinal: int) -> CallKey:
-    """The key of the ``ordinal``-th step named ``tool_name`` made inside the call ``parent``."""
+    """The key of the ``ordinal``-th step named ``tool_name`` made inside the call ``parent``.
+
+    A ``>`` or ``#`` in the step's name is refused: the key is read back from its right end
+    (``#n``, then the name up to the last ``>``), so with either in a name two different steps
+    could get one key, and the second to run would be blocked by the first's record.
+    """
+    if ">" in tool_name or "#" in tool_name:
+        raise InvalidCallIdError(
+            f"{tool_name} cannot run as a step inside the call ({parent}): a step's tool call id is "
+            "<parent tool_call_id>><tool>#<n>, and a '>' or '#' in the tool's name could give two different "
+            "steps one id (the second to run would be blocked by the first's record). Nothing ran. Name the "
+            'tool without them: @replay_safe(name="...").',
+            tool_name=tool_name,
+            key=parent,
+        )
     return CallKey(parent.thread_id, parent.message_id, f"{parent.tool_call_id}>{tool_name}#{ordinal}")
 
 

@@ -178,3 +178,38 @@ def test_the_ledger_still_addresses_a_step_by_its_key(ledger: Ledger) -> None:
     step = ledger.get(CallKey(thread, "m", "c>charge#1"))
     assert step is not None and step.tool_name == "charge"
     assert ledger.delete(step.key)
+
+
+@pytest.mark.parametrize("step_name", ["b>charge", "charge#1", "x>y#2"])
+def test_a_step_whose_name_holds_a_gt_or_a_hash_is_refused_before_it_runs(ledger: Ledger, step_name: str) -> None:
+    """A step's id is read from its right end, so ``>`` or ``#`` in its name could give two steps one id:
+    a ``b>charge`` step of call ``a`` would be ``a>b>charge#1``, the id of the ``charge`` step of call ``a>b``,
+    and whichever ran second would be blocked by the other's record. Such a step is refused before it runs,
+    whatever ran before, and the error says how to name it."""
+    ran: list[str] = []
+
+    @replay_safe(ledger=ledger, name=step_name)
+    def charge(order_id: str) -> str:
+        ran.append(order_id)
+        return f"ch_{order_id}"
+
+    @replay_safe(ledger=ledger)
+    def checkout(order_id: str) -> str:
+        return charge(order_id)
+
+    thread = new_thread()
+    with pytest.raises(InvalidCallIdError) as raised, tool_call(thread, "m", "a"):
+        checkout("o1")
+    message = str(raised.value)
+    assert message.startswith(f"{step_name} cannot run as a step inside the call (")
+    assert "tool_call_id='a'" in message and "Nothing ran" in message and '@replay_safe(name="...")' in message
+    assert "o1" not in message
+    assert raised.value.tool_name == step_name and raised.value.key == CallKey(thread, "m", "a")
+    assert ran == []
+
+    # The same tool called on its own (not as a step) keeps its name and its protection.
+    with tool_call(thread, "m", "b"):
+        assert charge("o2") == "ch_o2"
+    with tool_call(thread, "m", "b"):
+        assert charge("o2") == "ch_o2"
+    assert ran == ["o2"]
