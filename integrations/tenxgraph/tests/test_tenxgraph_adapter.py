@@ -230,10 +230,11 @@ async def test_the_readme_example_runs(
 ) -> None:
     """The README's example on the test servers, with the test model in place of the provider's."""
     # Marked notest for the docs runner: this test runs it, on the test servers.
-    match = re.search(r"```python notest\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
-    assert match is not None
+    # Only one such block, so that a second one added above it cannot silently become the one tested.
+    blocks = re.findall(r"```python notest\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    assert len(blocks) == 1, f"README.md has {len(blocks)} python notest blocks; this test runs the one example"
     code = (
-        match.group(1)
+        blocks[0]
         .replace('"postgresql://app@db/agents"', repr(POSTGRES_URL))
         .replace('"redis://cache:6379/0"', repr(REDIS_URL))
         .replace("PgCheckpointer(", f"PgCheckpointer(schema={schema!r}, ")
