@@ -127,6 +127,28 @@ class Floor(Protocol):
     async def aclose(self) -> None: ...
 
 
+class BareFloor:
+    """The memory ledger's floor as a ``Floor``: a bare call of the tool's body, miss and hit alike."""
+
+    def miss(self, name: str) -> None:
+        refund_body(ORDER_ID)
+
+    def hit(self, name: str) -> None:
+        refund_body(ORDER_ID)
+
+    async def amiss(self, name: str) -> None:
+        await arefund_body(ORDER_ID)
+
+    async def ahit(self, name: str) -> None:
+        await arefund_body(ORDER_ID)
+
+    def close(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
 class SqliteFloor:
     """``INSERT ... ON CONFLICT DO NOTHING`` + ``UPDATE`` for a miss, one ``SELECT`` for a hit, autocommit,
     on the ledger's pragmas (WAL, ``synchronous=FULL``, busy timeout). Async runs each statement in a

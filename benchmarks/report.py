@@ -319,21 +319,29 @@ def _threads_table(results: dict[str, Any]) -> list[str]:
         "",
         f"{section.get('note', '')}. Median of {section.get('repeats')} repeats of "
         f"{section.get('seconds_per_point')} s per point; *most / one* is the per-repeat ratio of the most "
-        "threads' calls per second to one thread's.",
+        "threads' calls per second to one thread's. *Floor most / one* (context): the same ratio for the raw "
+        "client making the same round trips, one connection per thread (a bare call of the tool's body for "
+        "the memory ledger), measured in the same repeats: what the GIL and the client do to throughput "
+        "without the library.",
         "",
-        f"| ledger | call | {' | '.join('1 thread' if n == 1 else f'{n} threads' for n in counts)} | most / one |",
-        f"|---|---|{'---|' * len(counts)}---|",
+        f"| ledger | call | {' | '.join('1 thread' if n == 1 else f'{n} threads' for n in counts)} | most / one "
+        "| floor most / one |",
+        f"|---|---|{'---|' * len(counts)}---|---|",
     ]
     for ledger in ("memory", "sqlite", "postgres", "redis"):
         data = section.get(ledger) or {}
         if "skipped" in data:
-            lines.append(f"| {ledger} | {data['skipped']} |{' |' * len(counts)} |")
+            lines.append(f"| {ledger} | {data['skipped']} |{' |' * len(counts)} | |")
             continue
         for kind in ("miss", "hit"):
             point = data.get(kind)
             if point:
                 per_s = " | ".join(_num(point["per_s"][str(n)], 0) for n in counts)
-                lines.append(f"| {ledger} | {CALL[kind]} | {per_s} | {_spread(point['most_vs_one'], 2)} |")
+                floor = point.get("floor")
+                floor_ratio = _spread(floor["most_vs_one"], 2) if floor else "not measured"
+                lines.append(
+                    f"| {ledger} | {CALL[kind]} | {per_s} | {_spread(point['most_vs_one'], 2)} | {floor_ratio} |"
+                )
     return [*lines, ""]
     return lines
 

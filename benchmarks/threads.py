@@ -7,26 +7,90 @@ the other in a shuffled order, so the ratio to one thread is taken between point
 measured moments apart; the median over the repeats is reported. The target:
 throughput does not fall as callers grow, read as calls/s at the most threads over
 calls/s at one thread >= 1.0.
+
+Beside it, the **floor's scaling** (context, not a target): the raw client making the
+same round trips (``benchmarks._subjects``' floors; a bare call of the tool's body for
+the memory ledger) from one thread and from the most threads, each thread on a floor of
+its own (its own connection), measured in the same shuffled order. It separates what
+Python's GIL and the client do to throughput from what the library adds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _subjects as subjects
-from ._env import Scratch
+from ._env import Scratch, libpq_url
 from ._stats import summary
-from .concurrency import SYNC_CALLERS, loaded
+from .concurrency import SYNC_CALLERS, _threads, loaded
 from .settings import Settings
 
 KINDS = ("miss", "hit")
 
 
+def _floor_factories(scratch: Scratch) -> dict[str, Callable[[], subjects.Floor] | None]:
+    """A factory of one thread's floor per ledger, on a table or prefix of this section's own."""
+    postgres, redis_url = scratch.postgres_url, scratch.redis_url
+    sqlite_path = scratch.directory / "threads-floor.db"
+    return {
+        "memory": subjects.BareFloor,
+        "sqlite": lambda: subjects.SqliteFloor(sqlite_path),
+        "postgres": (lambda: subjects.PostgresFloor(libpq_url(postgres), scratch.schema)) if postgres else None,
+        "redis": (lambda: subjects.RedisFloor(redis_url)) if redis_url else None,
+    }
+
+
+def _create_floor_tables(scratch: Scratch) -> None:
+    """The SQL floors' table, made with the ledgers' own DDL (section 1-3 may not have run)."""
+    from replaysafe import PostgresLedger, SqliteLedger
+
+    sqlite_path = scratch.directory / "threads-floor.db"
+    subjects.create_floor_table(lambda table: SqliteLedger(sqlite_path, table=table))
+    if scratch.postgres_url is not None:
+        url = scratch.postgres_url
+        subjects.create_floor_table(lambda table: PostgresLedger(url, schema=scratch.schema, table=table))
+
+
+class FloorLoad:
+    """The floor's side of the section: one floor per thread, each with the recorded row its thread's hits read."""
+
+    def __init__(self, floors: list[subjects.Floor], prefix: str) -> None:
+        self.floors = floors
+        self.prefix = prefix
+        self.point = 0
+
+    def measure(self, kind: str, callers: int, seconds: float) -> float:
+        self.point += 1
+        floors, tag, prefix = self.floors, f"{self.prefix}-p{self.point}", self.prefix
+        if kind == "miss":
+            return _threads(lambda w, i: floors[w].miss(f"{tag}-w{w}-{i}"), callers, seconds)
+        return _threads(lambda w, i: floors[w].hit(f"{prefix}-hit-w{w}"), callers, seconds)
+
+
+@contextlib.contextmanager
+def floor_loaded(factory: Callable[[], subjects.Floor], count: int, prefix: str) -> Iterator[FloorLoad]:
+    floors: list[subjects.Floor] = []
+    try:
+        for w in range(count):
+            floors.append(factory())
+            floors[w].miss(f"{prefix}-hit-w{w}")
+        yield FloorLoad(floors, prefix)
+    finally:
+        for floor in floors:
+            floor.close()
+
+
+def _most_vs_one(samples: list[float], ones: list[float]) -> dict[str, float]:
+    return summary([most / one for most, one in zip(samples, ones, strict=True) if one])
+
+
 def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dict[str, Any]:
     counts = settings.threads
+    ends = (counts[0], counts[-1])
     results: dict[str, Any] = {
         "threads": list(counts),
         "seconds_per_point": settings.thread_seconds,
@@ -34,27 +98,37 @@ def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dic
         "note": SYNC_CALLERS,
     }
     shuffler = random.Random(7)
+    floor_factories = _floor_factories(scratch)
+    _create_floor_tables(scratch)
     for name, factory in subjects.ledgers(scratch, "threads").items():
-        if factory is None:
+        floor_factory = floor_factories[name]
+        if factory is None or floor_factory is None:
             results[name] = {"skipped": f"no {name} server answered"}
             continue
         log(f"threads: {name}")
-        with loaded(factory, max(counts)) as load:
-            samples: dict[tuple[str, int], list[float]] = {(k, n): [] for k in KINDS for n in counts}
+        prefix = f"{scratch.prefix}:threads-floor:{name}"
+        samples: dict[tuple[str, str, int], list[float]] = {
+            **{("ours", k, n): [] for k in KINDS for n in counts},
+            **{("floor", k, n): [] for k in KINDS for n in ends},
+        }
+        with loaded(factory, max(counts)) as load, floor_loaded(floor_factory, max(counts), prefix) as floor_load:
             for _ in range(settings.thread_repeats):
                 for kind in KINDS:
-                    for n in shuffler.sample(counts, len(counts)):
-                        samples[(kind, n)].append(load.measure("sync", kind, n, settings.thread_seconds))
+                    points = [("ours", n) for n in counts] + [("floor", n) for n in ends]
+                    for side, n in shuffler.sample(points, len(points)):
+                        if side == "ours":
+                            measured = load.measure("sync", kind, n, settings.thread_seconds)
+                        else:
+                            measured = floor_load.measure(kind, n, settings.thread_seconds)
+                        samples[(side, kind, n)].append(measured)
         results[name] = {
             kind: {
-                "per_s": {str(n): statistics.median(samples[(kind, n)]) for n in counts},
-                "most_vs_one": summary(
-                    [
-                        most / one
-                        for most, one in zip(samples[(kind, counts[-1])], samples[(kind, counts[0])], strict=True)
-                        if one
-                    ]
-                ),
+                "per_s": {str(n): statistics.median(samples[("ours", kind, n)]) for n in counts},
+                "most_vs_one": _most_vs_one(samples[("ours", kind, ends[1])], samples[("ours", kind, ends[0])]),
+                "floor": {
+                    "per_s": {str(n): statistics.median(samples[("floor", kind, n)]) for n in ends},
+                    "most_vs_one": _most_vs_one(samples[("floor", kind, ends[1])], samples[("floor", kind, ends[0])]),
+                },
             }
             for kind in KINDS
         }
