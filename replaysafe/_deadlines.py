@@ -13,7 +13,6 @@ import contextvars
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -153,5 +152,6 @@ async def await_with_timeout(tool_name: str, run: Run, awaitable: Any) -> Any:
 
 
 def past(run: Run) -> bool:
-    """Whether a run has passed its deadline (a stream checks between chunks)."""
-    return run.timeout is not None and time.monotonic() - run.started > run.timeout
+    """Whether a run has passed its deadline (a stream checks between chunks), on the clock its
+    start was read from: the host's, which the drivers hand in."""
+    return run.timeout is not None and run.host.monotonic() - run.started > run.timeout

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -142,3 +144,44 @@ def test_a_crash_mid_stream_is_in_doubt(durable_ledger: Ledger, durable_ledger_u
     with tool_call(*key), pytest.raises(CallInDoubtError):
         list(lines(5))
     assert effects.read_text().splitlines() == ["chunk 0", "chunk 1"]
+
+
+def test_a_stream_past_its_timeout_stops_between_chunks_on_the_runs_clock(
+    memory_ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream's deadline is checked between chunks, on the run's own monotonic clock (the one
+    the protocol is handed), not on the process's: here that clock moves 10 s per look, so a
+    stream with a 25 s timeout ends with ``ToolTimeoutError`` after a few chunks, its source
+    closed, and nothing of it recorded as a result."""
+    from replaysafe import ToolTimeoutError, _drivers
+
+    # Far ahead of the process's own monotonic clock, so that reading that one instead never looks late.
+    ticks = itertools.count(time.monotonic() + 1e6, 10)
+    fast = _drivers.HOST._replace(monotonic=lambda: next(ticks))
+    monkeypatch.setattr(_drivers, "HOST", fast)
+    monkeypatch.setattr(_drivers, "_hosts", {})  # hosts made per ledger kind derive from HOST anew
+    made: list[int] = []
+    closed: list[bool] = []
+
+    @replay_safe(ledger=memory_ledger, timeout=25)
+    def numbers() -> Iterator[int]:
+        try:
+            for i in range(1000):
+                made.append(i)
+                yield i
+        finally:
+            closed.append(True)
+
+    key = new_key()
+    received: list[int] = []
+
+    def consume() -> None:
+        with tool_call(*key):
+            received.extend(numbers())
+
+    with pytest.raises(ToolTimeoutError) as raised:
+        consume()
+    assert raised.value.timeout == 25 and raised.value.key == key
+    assert 1 <= len(made) < 10 and received == made[:-1] and closed == [True]
+    record = memory_ledger.get(key)
+    assert record is not None and record.status is not Status.COMPLETED
