@@ -101,7 +101,7 @@ def set_default_timeouts(*, tool_timeout: float | None = UNSET, node_timeout: fl
     ``None`` or ``0`` disables one. A decorator's ``timeout=``, a ``node(...)`` or a
     ``tool_call(tool_timeout=...)`` overrides the global value for its calls. A timeout
     given here is a hard deadline, like a decorator's ``timeout=``: a sync tool is
-    interrupted, or run in a worker thread, when it passes it.
+    interrupted, or run in a worker thread, and an async tool cancelled, when it passes it.
     """
     global default_tool_timeout, default_node_timeout
     if tool_timeout is not UNSET:

@@ -791,18 +791,19 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
 
 
 def report_late(spec: ToolSpec, run: Run) -> None:
-    """A sync tool under the built-in timeout has ended: it ran in the caller's thread, which that
-    timeout never interrupts, so a run past it is reported now (its outcome is recorded as usual)."""
+    """A tool under the built-in timeout has ended: that timeout never interrupts a tool (a sync one
+    runs in the caller's thread, an async one is not cancelled), so a run past it is reported now
+    (its outcome is recorded as usual)."""
     ran = run.host.monotonic() - run.started
     if run.timeout is None or ran <= run.timeout:
         return
     run.host.emit(
         EventKind.TIMEOUT,
         f"{describe(spec.name, run.call.key)} ran {ran:.1f}s, past its default {run.timeout:g}s timeout "
-        f"(attempt {run.call.attempt}). It ran in the caller's thread, which the default timeout never "
-        "interrupts; its lease was not kept past the deadline, so another host may have taken the call over "
-        "as in doubt (a duplicate_detected event follows if so). Its outcome is recorded now. Give the tool "
-        "timeout= for a hard deadline, or timeout=None for none.",
+        f"(attempt {run.call.attempt}). The default timeout never interrupts a tool (a sync one runs in "
+        "the caller's thread, an async one is not cancelled); its lease was not kept past the deadline, so "
+        "another host may have taken the call over as in doubt (a duplicate_detected event follows if so). Its "
+        "outcome is recorded now. Give the tool timeout= for a hard deadline, or timeout=None for none.",
         tool_name=spec.name,
         key=run.call.key,
         attempt=run.call.attempt,

@@ -71,7 +71,8 @@ class Plan(NamedTuple):
     timeout: float | None
     sealer: Sealer | None = None
     #: Whether the user gave the timeout: only then may a sync tool leave the caller's thread
-    #: (or be interrupted by SIGALRM) at its deadline; the built-in one is reported late.
+    #: (or be interrupted by SIGALRM), or an async tool be cancelled, at its deadline; the
+    #: built-in one is kept by the lease and reported late.
     hard_deadline: bool = True
 
 
@@ -281,16 +282,22 @@ async def _ainvoke(run: Run, driving: Driving) -> Any:
     spec, wrapped = driving.spec, driving.wrapped
     assert spec is not None
     assert wrapped is not None
+    hard = driving.hard_deadline
     token = _current.set(run.call)
-    renewing = start_renewing(_lease(run, driving))  # a timer in this loop, while the tool runs
+    # Under the built-in timeout the lease keeps the deadline, as for a sync tool: it is renewed up to
+    # the deadline plus the margin and no further (with the default lease, not at all), and the tool
+    # is never cancelled; a run past the deadline is reported late. Only a timeout the user gave cancels.
+    renewing = start_renewing(_lease(run, driving, past_deadline=hard))  # a timer in this loop, if any
     try:
-        if run.timeout is None:
+        if run.timeout is None or not hard:
             return await wrapped(*run.call.args, **run.call.kwargs)
         return await await_with_timeout(spec.name, run, wrapped(*run.call.args, **run.call.kwargs))
     finally:
         _current.reset(token)
         if renewing is not None:
             renewing.cancel()
+        if not hard:
+            report_late(spec, run)
 
 
 _ASYNC: dict[type, Callable[[Any, Driving], Awaitable[Any]]] = {

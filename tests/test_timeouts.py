@@ -565,3 +565,73 @@ def test_the_default_timeout_is_kept_by_the_lease(memory_ledger: MemoryLedger, m
     assert leases["default"] <= started["default"] + dt.timedelta(seconds=0.6)
     # None: still renewed 1.5 s after it started.
     assert leases["none"] >= started["none"] + dt.timedelta(seconds=1.5)
+
+
+async def test_the_default_timeout_does_not_cancel_an_async_tool(
+    memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the built-in timeout an async tool is not cancelled either, as a sync tool is not
+    interrupted: it runs to its end, its result is recorded and replayed, and a TIMEOUT event
+    reports it late. With the default lease (the timeout plus the margin) no timer is set in
+    the loop for the call: there is no deadline to enforce and no renewal due before it."""
+    monkeypatch.setattr(_constants, "TOOL_TIMEOUT", 0.05)
+    loop = asyncio.get_running_loop()
+    events: list[Event] = []
+    unsubscribe = on_event(events.append)
+    timers: list[int] = []
+    runs: list[int] = []
+
+    @replay_safe(ledger=memory_ledger)
+    async def slow_refund(order_id: str) -> str:
+        runs.append(1)
+        timers.append(len(loop._scheduled))  # type: ignore[attr-defined]
+        await asyncio.sleep(0.2)
+        return f"refunded {order_id}"
+
+    key = new_key()
+    results: list[str] = []
+    try:
+        for _ in range(2):  # the second is a replay
+            async with tool_call(*key):
+                before = len(loop._scheduled)  # type: ignore[attr-defined]
+                results.append(await slow_refund("7"))
+    finally:
+        unsubscribe()
+    assert results == ["refunded 7", "refunded 7"] and runs == [1]
+    assert timers == [before]
+    record = memory_ledger.get(key)
+    assert record is not None and record.status is Status.COMPLETED
+    (late,) = [event for event in events if event.kind is EventKind.TIMEOUT]
+    assert "past its default 0.05s timeout" in late.message and key.thread_id in late.message
+
+
+async def test_the_default_timeout_is_kept_by_an_async_tools_lease(
+    memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async tool's lease shorter than the built-in timeout is renewed up to the deadline plus
+    the margin and no further, as a sync tool's is; a tool without a timeout keeps its lease renewed."""
+    monkeypatch.setattr(_constants, "TOOL_TIMEOUT", 0.2)
+    monkeypatch.setattr(_drivers, "LEASE_MARGIN", 0.3)
+    seen: dict[str, tuple[dt.datetime, dt.datetime]] = {}
+
+    async def tool(label: str) -> None:
+        started = dt.datetime.now(dt.timezone.utc)
+        await asyncio.sleep(1.5)  # the cap (0.5 s) is reached by the second renewal (0.1 s apart)
+        record = memory_ledger.get(keys[label])
+        assert record is not None
+        seen[label] = (started, record.lease_expires_at)
+
+    keys = {label: new_key() for label in ("default", "none")}
+    capped = replay_safe(ledger=memory_ledger, lease=0.3, name="default")(tool)
+    untimed = replay_safe(ledger=memory_ledger, lease=0.3, timeout=None, name="none")(tool)
+
+    async def call(label: str, protected: Any) -> None:
+        async with tool_call(*keys[label]):
+            await protected(label)
+
+    await asyncio.gather(call("default", capped), call("none", untimed))
+    started, lease = seen["default"]
+    # Renewed (the claim's own lease ended 0.3 s after the start), to start + 0.5 s at most.
+    assert started + dt.timedelta(seconds=0.35) <= lease <= started + dt.timedelta(seconds=0.55)
+    started, lease = seen["none"]
+    assert lease >= started + dt.timedelta(seconds=1.5)
