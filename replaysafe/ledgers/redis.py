@@ -42,7 +42,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .._errors import ReplaySafeWarning
-from .._records import CallKey, ClaimResult, Record, Status, expires_at
+from .._records import CallKey, ClaimResult, Record, Status, expires_at, new_tuple
 from ._options import given_first, io_timeouts, split_url_options
 from ._protocol import (
     TRANSIENT_FIX,
@@ -77,7 +77,7 @@ _BATCH = 500
 # the Lua scripts below read the header and rewrite it when they finish or renew a record.
 
 _FORMAT = b"1"
-_STATUSES = {status.value.encode(): status for status in Status}
+_STATUSES = {status.value: status for status in Status}
 #: Each status's stored word, looked up (an enum's ``.value`` is a slow property on the hot path).
 _WORDS = {status: status.value for status in Status}
 
@@ -96,55 +96,99 @@ def _micros(value: dt.datetime) -> str:
     return str((since.days * 86400 + since.seconds) * 1000000 + since.microseconds)
 
 
-def _at(micros: bytes) -> dt.datetime:
+def _at(micros: bytes | str) -> dt.datetime:
     return _EPOCH + _MICROSECOND * int(micros)
 
 
 def _pack(record: Record) -> bytes:
-    owner, tool, digest = _utf8(record.owner), _utf8(record.tool_name), _utf8(record.args_digest)
-    result = b"" if record.result is None else _utf8(record.result)
-    created = _micros(record.created_at)
-    updated = created if record.updated_at == record.created_at else _micros(record.updated_at)
-    expires = "" if record.expires_at is None else _micros(record.expires_at)
-    size = "" if record.result is None else len(result)
+    _, tool, digest, status, result, owner, attempt, created_at, updated_at, lease_at, expires_at_ = record
+    created = _micros(created_at)
+    updated = created if updated_at == created_at else _micros(updated_at)
+    expires = "" if expires_at_ is None else _micros(expires_at_)
+    ids = f"{owner}{tool}{digest}" if result is None else f"{owner}{tool}{digest}{result}"
+    if ids.isascii():  # the common record: each text's length in UTF-8 bytes is its length
+        size = "" if result is None else len(result)
+        return (
+            f"1 {_WORDS[status]} {attempt} {created} {updated} {_micros(lease_at)} {expires} "
+            f"{len(owner)} {len(tool)} {len(digest)} {size}\n{ids}"
+        ).encode()
+    owner_b, tool_b, digest_b = _utf8(owner), _utf8(tool), _utf8(digest)
+    result_b = b"" if result is None else _utf8(result)
+    size = "" if result is None else len(result_b)
     head = (
-        f"1 {_WORDS[record.status]} {record.attempt} {created} {updated} {_micros(record.lease_expires_at)} "
-        f"{expires} {len(owner)} {len(tool)} {len(digest)} {size}\n"
+        f"1 {_WORDS[status]} {attempt} {created} {updated} {_micros(lease_at)} {expires} "
+        f"{len(owner_b)} {len(tool_b)} {len(digest_b)} {size}\n"
     )
-    return b"".join((head.encode(), owner, tool, digest, result))
+    return b"".join((head.encode(), owner_b, tool_b, digest_b, result_b))
 
 
 def _unpack(key: CallKey, value: bytes | str) -> Record:
     """The record ``_pack`` wrote (a client with ``decode_responses`` hands it over as text)."""
-    raw = value if isinstance(value, bytes) else _utf8(value)
-    head, _, body = raw.partition(b"\n")
     try:
-        version, status, attempt, created, updated, lease, expires, owner, tool, digest, size = head.split(b" ")
+        text = value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+        head, _, body = text.partition("\n")
+        version, status, attempt, created, updated, lease, expires, owner, tool, digest, size = head.split(" ")
         tool_at = int(owner)
         digest_at = tool_at + int(tool)
         result_at = digest_at + int(digest)
-        if version != _FORMAT or len(body) != result_at + (int(size) if size else 0):
+        end = result_at + int(size) if size else result_at
+        if len(body) != end or not text.isascii():
+            # Lengths count UTF-8 bytes: a body with other characters is sliced as bytes.
+            return _unpack_bytes(key, _utf8(text))
+        if version != "1":
             raise ValueError("not this format")
         created_at = _at(created)
-        return Record(
-            key,
-            body[tool_at:digest_at].decode("utf-8", "surrogatepass"),
-            body[digest_at:result_at].decode("utf-8", "surrogatepass"),
-            _STATUSES[status],
-            body[result_at:].decode("utf-8", "surrogatepass") if size else None,
-            body[:tool_at].decode("utf-8", "surrogatepass"),
-            int(attempt),
-            created_at,
-            created_at if updated == created else _at(updated),
-            _at(lease),
-            _at(expires) if expires else None,
+        return new_tuple(  # type: ignore[no-any-return]
+            Record,
+            (
+                key,
+                body[tool_at:digest_at],
+                body[digest_at:result_at],
+                _STATUSES[status],
+                body[result_at:] if size else None,
+                body[:tool_at],
+                int(attempt),
+                created_at,
+                created_at if updated == created else _at(updated),
+                _at(lease),
+                _at(expires) if expires else None,
+            ),
         )
     except (ValueError, KeyError, UnicodeDecodeError):
-        raise RecordFormatError(
-            f"the Redis value of the call {key} is not a record this ledger can read (format {_FORMAT.decode()}): "
-            "it was written by an older replaysafe (records were hashes before) or by another program. Delete the "
-            "key, or give this ledger a prefix of its own."
-        ) from None
+        raise _format_error(key) from None
+
+
+def _unpack_bytes(key: CallKey, raw: bytes) -> Record:
+    """``_unpack`` for a record whose texts are not all ASCII: its lengths count UTF-8 bytes."""
+    head, _, body = raw.partition(b"\n")
+    version, status, attempt, created, updated, lease, expires, owner, tool, digest, size = head.split(b" ")
+    tool_at = int(owner)
+    digest_at = tool_at + int(tool)
+    result_at = digest_at + int(digest)
+    if version != _FORMAT or len(body) != result_at + (int(size) if size else 0):
+        raise ValueError("not this format")
+    created_at = _at(created)
+    return Record(
+        key,
+        body[tool_at:digest_at].decode("utf-8", "surrogatepass"),
+        body[digest_at:result_at].decode("utf-8", "surrogatepass"),
+        _STATUSES[status.decode()],
+        body[result_at:].decode("utf-8", "surrogatepass") if size else None,
+        body[:tool_at].decode("utf-8", "surrogatepass"),
+        int(attempt),
+        created_at,
+        created_at if updated == created else _at(updated),
+        _at(lease),
+        _at(expires) if expires else None,
+    )
+
+
+def _format_error(key: CallKey) -> RecordFormatError:
+    return RecordFormatError(
+        f"the Redis value of the call {key} is not a record this ledger can read (format {_FORMAT.decode()}): "
+        "it was written by an older replaysafe (records were hashes before) or by another program. Delete the "
+        "key, or give this ledger a prefix of its own."
+    )
 
 
 # --- the scripts ---------------------------------------------------------------------------
@@ -478,23 +522,28 @@ def _is_one(reply: Any) -> bool:
 class _Operations:
     """Every operation of the Redis ledger, built as data: no I/O, shared by the sync and async runners."""
 
-    __slots__ = ("prefix", "ttl", "ttl_ms")
+    __slots__ = ("_open", "prefix", "ttl", "ttl_ms")
 
     def __init__(self, prefix: str, ttl: dt.timedelta | None) -> None:
         self.prefix = prefix
         self.ttl = ttl
         self.ttl_ms = max(1, round(ttl.total_seconds() * 1000)) if ttl else 0
+        #: What every key name starts with: the prefix and the hash tag's opening brace.
+        self._open = f"{prefix}:{{"
 
     # keys
 
     def index(self, thread_id: str) -> str:
         """The thread's index; its name is also the hash tag of every key of the thread."""
-        return f"{self.prefix}:{{{_encode(thread_id)}}}"
+        return f"{self._open}{_encode(thread_id)}}}"
 
     def keys(self, key: CallKey) -> tuple[str, str]:
         """The record's key and its thread's index."""
-        index = self.index(key.thread_id)
-        return f"{index}:{_encode(key.message_id)}:{_encode(key.tool_call_id)}", index
+        thread, message, tool_call = key
+        if _UNRESERVED.fullmatch(f"{thread}{message}{tool_call}") is None:  # else each id is its own encoding
+            thread, message, tool_call = _encode(thread), _encode(message), _encode(tool_call)
+        index = f"{self._open}{thread}}}"
+        return f"{index}:{message}:{tool_call}", index
 
     def call_key(self, name: str) -> CallKey | None:
         """The call key of a record's key name; ``None`` for an index or a foreign key."""
@@ -514,9 +563,11 @@ class _Operations:
         key = record.key
 
         def parse(reply: Any) -> ClaimResult:
-            return ClaimResult(record, True) if reply == 1 else ClaimResult(_unpack(key, reply), False)
+            found = (record, True) if reply == 1 else (_unpack(key, reply), False)
+            return new_tuple(ClaimResult, found)  # type: ignore[no-any-return]
 
-        return _Op(parse, _evalsha(_CLAIM, self.keys(key), _pack(record)))
+        name, index = self.keys(key)
+        return _Op(parse, ("EVALSHA", _CLAIM.sha, 2, name, index, _pack(record)))
 
     def takeover(
         self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime
@@ -535,8 +586,9 @@ class _Operations:
         ttl_ms, expiry_text = (0, "") if expiry is None else (self.ttl_ms, _micros(expiry))
         encoded = b"" if result is None else _utf8(result)
         size = "" if result is None else len(encoded)
-        args = (owner, _WORDS[status], _micros(now), size, encoded, ttl_ms, expiry_text)
-        return _Op(_is_one, _evalsha(_COMPLETE, self.keys(key), *args))
+        record, index = self.keys(key)
+        command = ("EVALSHA", _COMPLETE.sha, 2, record, index, owner, _WORDS[status], _micros(now), size, encoded)
+        return _Op(_is_one, (*command, ttl_ms, expiry_text))
 
     def release(self, key: CallKey, *, owner: str) -> _Op[bool]:
         """Delete the ``running`` record ``owner`` holds."""

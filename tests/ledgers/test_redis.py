@@ -273,3 +273,43 @@ def test_a_connection_given_back_after_close_is_closed_too(rl: RedisLedger) -> N
     assert held._idle == []
     assert held.execute_command("GET", "rs-test-unused") is None  # ends after close: its connection is closed
     assert held._idle == []
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ("refund", "a" * 64, "host:1:2#3", '{"refunded": "42"}'),
+        ("ünï ✓", "中文", "host:ü#1", "🎉 \ud800 lone surrogate"),
+        ("t", "d", "o#1", None),
+        ("t", "d", "o#1", ""),
+    ],
+)
+def test_a_record_reads_back_exactly_and_in_the_stored_format(
+    rl: RedisLedger, texts: tuple[str, str, str, str | None]
+) -> None:
+    """ASCII and other texts (lengths count UTF-8 bytes) read back as written, from the one packed format."""
+    from replaysafe.ledgers.redis import _pack, _unpack
+
+    tool, digest, owner, result = texts
+    key = CallKey("t", "m", "c")
+    record = replaysafe.Record(
+        key, tool, digest, Status.COMPLETED, result, owner, 2, NOW, NOW + dt.timedelta(seconds=1), LEASE, None
+    )
+    packed = _pack(record)
+    size = "" if result is None else len(result.encode("utf-8", "surrogatepass"))
+    lengths = " ".join(str(len(t.encode("utf-8", "surrogatepass"))) for t in (owner, tool, digest))
+    head = f"1 completed 2 1772366400000000 1772366401000000 1772366700000000  {lengths} {size}\n"
+    assert packed == (head + owner + tool + digest + (result or "")).encode("utf-8", "surrogatepass")
+    assert _unpack(key, packed) == record
+    assert _unpack(key, packed.decode("utf-8", "surrogatepass")) == record  # a decode_responses client
+    name = rl._ops.keys(key)[0]
+    rl.client.set(name, packed)
+    assert rl.get(key) == record
+
+
+def test_a_header_with_other_digits_fails_closed() -> None:
+    """Only ASCII digits count: a value whose lengths are other Unicode digits is not a record."""
+    from replaysafe.ledgers.redis import RecordFormatError, _unpack
+
+    with pytest.raises(RecordFormatError):
+        _unpack(CallKey("t", "m", "c"), "1 completed 1 1 1 1  \u0661 1 1 \nabc".encode())
