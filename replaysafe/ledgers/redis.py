@@ -497,13 +497,25 @@ _timeout: Callable[[float | None], Any] | None = getattr(asyncio, "timeout", Non
 
 
 async def _aexchange(conn: Any, command: Sequence[Any]) -> Any:
-    await conn.send_packed_command(conn.pack_command(*command))
+    await conn.send_packed_command(_packed(command, conn.encoder))
     return await conn.read_response()
 
 
 def _exchange(conn: Any, command: Sequence[Any]) -> Any:
-    conn.send_packed_command(conn.pack_command(*command))
+    conn.send_packed_command(_packed(command, conn.encoder))
     return conn.read_response()
+
+
+def _packed(command: Sequence[Any], encoder: Any) -> list[bytes]:
+    """One of the ledger's commands (texts, bytes, integers) in RESP, as redis-py packs it with ``encoder``'s
+    encoding, in one buffer: a loop over the arguments instead of redis-py's encoder call per argument."""
+    encoding, errors = encoder.encoding, encoder.encoding_errors
+    parts = [b"*%d\r\n" % len(command)]
+    for arg in command:
+        if not isinstance(arg, bytes):
+            arg = arg.encode(encoding, errors) if isinstance(arg, str) else b"%d" % arg
+        parts.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return [b"".join(parts)]
 
 
 def _load_scripts(client: Any) -> list[Any]:

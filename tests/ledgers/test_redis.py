@@ -313,3 +313,18 @@ def test_a_header_with_other_digits_fails_closed() -> None:
 
     with pytest.raises(RecordFormatError):
         _unpack(CallKey("t", "m", "c"), "1 completed 1 1 1 1  \u0661 1 1 \nabc".encode())
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_commands_are_packed_as_redis_py_packs_them(encoding: str) -> None:
+    """The held connections pack the ledger's commands themselves: the same bytes as redis-py, sync and asyncio."""
+    from replaysafe.ledgers.redis import _packed
+
+    commands = [
+        ("GET", "p:{t}:m:c"),
+        ("EVALSHA", "a" * 40, 2, "p:{t}:m:c", "p:{t}", b"1 running\n" + b"x" * 100_000, "ownér", 0, "", -5),
+    ]
+    for client in (redis.Redis(encoding=encoding), redis.asyncio.Redis(encoding=encoding)):
+        conn = client.connection_pool.make_connection()
+        for command in commands:
+            assert _packed(command, conn.encoder) == [b"".join(conn.pack_command(*command))]
