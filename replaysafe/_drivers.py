@@ -287,15 +287,14 @@ async def _ainvoke(run: Run, driving: Driving) -> Any:
     # Under the built-in timeout the lease keeps the deadline, as for a sync tool: it is renewed up to
     # the deadline plus the margin and no further (with the default lease, not at all), and the tool
     # is never cancelled; a run past the deadline is reported late. Only a timeout the user gave cancels.
-    renewing = start_renewing(_lease(run, driving, past_deadline=hard))  # a timer in this loop, if any
+    lease = start_renewing(_lease(run, driving, past_deadline=hard))  # by this loop's renewer
     try:
         if run.timeout is None or not hard:
             return await wrapped(*run.call.args, **run.call.kwargs)
         return await await_with_timeout(spec.name, run, wrapped(*run.call.args, **run.call.kwargs))
     finally:
         _current.reset(token)
-        if renewing is not None:
-            renewing.cancel()
+        renewer.remove(lease)
         if not hard:
             report_late(spec, run)
 

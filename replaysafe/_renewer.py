@@ -1,4 +1,4 @@
-"""Keeping the leases of running calls alive: one daemon thread for sync tools, a task per async tool.
+"""Keeping the leases of running calls alive: one daemon thread for sync tools, one timer per event loop for async ones.
 
 This module only performs renewals; ``_leases`` decides when each is due and until
 when it extends the lease. A renewal never delays or fails the tool: its errors
@@ -144,42 +144,81 @@ class Renewer:
 renewer = Renewer()
 
 
-async def keep_renewed(lease: Lease) -> None:
-    """Renew ``lease`` until cancelled (when the async tool ends) or lost."""
-    while lease.active:
-        await asyncio.sleep(max(lease.due - time.monotonic(), 0.0))
-        renewed = await arenew_now(lease)
-        lease.after_renewal(renewed, time.monotonic())
+class LoopRenewer:
+    """The leases of the async calls running in one event loop, earliest due first: one timer
+    in the loop, at the earliest renewal due, instead of one per call (asyncio keeps its
+    timers in a heap compared in Python, and a cancelled one stays there until it comes up).
+
+    Adding a lease is a push (the timer moves only when it is due before the timer: never
+    when every lease has the same length), ending one a flag; most calls end before their
+    first renewal is due, and an ended lease leaves the schedule when it comes up. Each
+    renewal runs in a task of its own, so a slow ledger delays no other lease.
+    """
+
+    __slots__ = ("_renewals", "_schedule", "_timer", "_wakes_at", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._schedule = Schedule()
+        self._timer: asyncio.TimerHandle | None = None
+        #: When the timer fires (monotonic clock); inf when none is set.
+        self._wakes_at = math.inf
+        #: The renewals running now (the loop holds its tasks only weakly).
+        self._renewals: set[asyncio.Task[None]] = set()
+
+    def add(self, lease: Lease) -> None:
+        self._schedule.add(lease)
+        if lease.due < self._wakes_at:
+            self._arm(lease.due)
+
+    def _arm(self, due: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._wakes_at = due
+        self._timer = self.loop.call_later(max(due - time.monotonic(), 0.0), self._wake)
+
+    def _wake(self) -> None:
+        self._timer, self._wakes_at = None, math.inf
+        for lease in self._schedule.due(time.monotonic()):
+            task = self.loop.create_task(self._renew(lease), name="replaysafe-lease-renewer")
+            self._renewals.add(task)
+            task.add_done_callback(self._renewals.discard)
+        earliest = self._schedule.next_due()
+        if earliest is not None and earliest < self._wakes_at:
+            self._arm(earliest)
+
+    async def _renew(self, lease: Lease) -> None:
+        lease.after_renewal(await arenew_now(lease), time.monotonic())
+        if lease.active:  # the tool still runs: due again one interval from now
+            self.add(lease)
 
 
-class Renewing:
-    """The renewals of one async call's lease: a timer in its loop until the first is due
-    (most calls end before), then a task. Cheaper than a task per call."""
-
-    __slots__ = ("_lease", "_task", "_timer")
-
-    def __init__(self, lease: Lease, loop: asyncio.AbstractEventLoop) -> None:
-        self._lease = lease
-        self._task: asyncio.Task[None] | None = None
-        self._timer = loop.call_later(max(lease.due - time.monotonic(), 0.0), self._start, loop)
-
-    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._lease.active:
-            self._task = loop.create_task(keep_renewed(self._lease), name="replaysafe-lease-renewer")
-
-    def cancel(self) -> None:
-        """The tool ended: renew no more (a renewal in flight is fenced by the record's status)."""
-        self._lease.end()
-        self._timer.cancel()
-        if self._task is not None:
-            self._task.cancel()
+class _PerThread(threading.local):
+    #: The renewer of the loop that last kept a lease in this thread (one loop runs per thread at a time).
+    renewer: LoopRenewer | None = None
 
 
-def start_renewing(lease: Lease | None) -> Renewing | None:
-    """Keep ``lease`` alive in the running loop while an async tool runs; ``cancel()`` it when the tool ends."""
+_per_thread = _PerThread()
+
+
+def start_renewing(lease: Lease | None) -> Lease | None:
+    """Keep ``lease`` alive in the running loop while an async tool runs; ``end()`` it when the
+    tool ends (``None``: there is nothing to renew)."""
     if lease is None or not hasattr(lease.ledger.aio, "renew"):
         return None
-    return Renewing(lease, asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
+    keeper = _per_thread.renewer
+    if keeper is None or keeper.loop is not loop:
+        # A new loop in this thread (the last one has ended, or runs nested): a renewer of its own. The
+        # last loop's renewer keeps the leases it holds alive for as long as its timer is set.
+        keeper = _per_thread.renewer = LoopRenewer(loop)
+    keeper.add(lease)
+    return lease
 
 
-os.register_at_fork(after_in_child=renewer._reset)
+def _reset_in_child() -> None:
+    renewer._reset()
+    _per_thread.renewer = None
+
+
+os.register_at_fork(after_in_child=_reset_in_child)

@@ -103,14 +103,13 @@ def _leased(source: Iterator[Any], lease: Lease | None) -> Generator[Any, None, 
 
 
 async def _aleased(source: AsyncGenerator[Any, None], lease: Lease | None) -> AsyncGenerator[Any, None]:
-    """``_leased`` for async streams: a renewal task in this loop."""
-    renewing = start_renewing(lease)
+    """``_leased`` for async streams: renewed by this loop's renewer."""
+    start_renewing(lease)
     try:
         async for chunk in source:
             yield chunk
     finally:
-        if renewing is not None:
-            renewing.cancel()
+        renewer.remove(lease)
         await source.aclose()
 
 

@@ -7,6 +7,7 @@ cannot check the first one's pid: only the lease tells it the owner is alive.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -34,6 +35,7 @@ from replaysafe import (
     MemoryLedger,
     SqliteLedger,
     Status,
+    _renewer,
     on_event,
     open_ledger,
     replay_safe,
@@ -190,6 +192,52 @@ def test_ended_leases_do_not_pile_up_in_the_schedule() -> None:
         short.end()
     assert len(schedule._heap) <= 2048
     assert schedule.due(200.0) == [keep]
+
+
+async def test_async_calls_in_one_loop_share_one_renewal_timer() -> None:
+    """The leases of async calls running together in one loop are kept by one timer, set for the
+    earliest renewal due (not one timer per call); each is renewed while its tool runs, and the
+    renewer sets no timer once every call has ended."""
+    ledger = MemoryLedger()
+    loop = asyncio.get_running_loop()
+    seen: dict[str, tuple[datetime, datetime]] = {}
+    both_run = asyncio.Event()
+
+    def renewal_timers() -> int:
+        wake = _renewer.LoopRenewer._wake
+        scheduled = loop._scheduled  # type: ignore[attr-defined]
+        return sum(1 for h in scheduled if getattr(h._callback, "__func__", None) is wake and not h.cancelled())
+
+    timers: list[int] = []
+
+    @replay_safe(ledger=ledger, lease=0.3, timeout=None)
+    async def long_task(label: str) -> None:
+        record = ledger.get(keys[label])
+        assert record is not None
+        if label == "second":
+            timers.append(renewal_timers())
+            both_run.set()
+        await both_run.wait()
+        await asyncio.sleep(1.0)  # renewed every 0.1 s
+        renewed = ledger.get(keys[label])
+        assert renewed is not None
+        seen[label] = (record.lease_expires_at, renewed.lease_expires_at)
+
+    keys = {label: CallKey(f"t-{uuid.uuid4().hex[:8]}", "m", "c") for label in ("first", "second")}
+
+    async def call(label: str) -> None:
+        async with tool_call(*keys[label]):
+            await long_task(label)
+
+    await asyncio.gather(call("first"), call("second"))
+    assert timers == [1]
+    for claimed, renewed in seen.values():
+        assert renewed >= claimed + timedelta(seconds=0.5)
+    for _ in range(100):  # the last renewals in flight settle, then nothing is due
+        if renewal_timers() == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert renewal_timers() == 0
 
 
 # --- hidepid: a live owner another user cannot see --------------------------------------
