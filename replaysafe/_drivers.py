@@ -123,10 +123,16 @@ def drive(protocol: Generator[Effect, Any, Any], driving: Driving) -> Any:
 
 
 async def adrive(protocol: Generator[Effect, Any, Any], driving: Driving) -> Any:
+    # A ledger that never waits (its .aio runs the same operations inline) has its operations
+    # performed as the sync driver does: nothing to shield, no coroutine to make and await.
+    inline = _INLINE if not getattr(driving.ledger, "blocking_io", True) else _NONE_INLINE
     send, error = None, None
     while type(effect := _advance(protocol, send, error)) is not _Finished:
         try:
-            send, error = await _ASYNC[type(effect)](effect, driving), None
+            if type(effect) in inline:
+                send, error = perform(effect, driving), None
+            else:
+                send, error = await _ASYNC[type(effect)](effect, driving), None
         except BaseException as exc:
             send, error = None, _thrown(exc)
     return effect.value
@@ -246,9 +252,6 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     a cancelled caller leaves at once, and the operation's outcome is undone or
     written later (``_after_interrupted``) once it is known.
     """
-    if not getattr(driving.ledger, "blocking_io", True):
-        # Never waits (its .aio runs the same operation inline): nothing to shield, no coroutine to make.
-        return perform(op, driving)
     task = asyncio.ensure_future(aperform(op, driving))
     try:
         return await asyncio.shield(task)
@@ -310,6 +313,10 @@ _ASYNC: dict[type, Callable[[Any, Driving], Awaitable[Any]]] = {
     Reconcile: _areconcile,
     Run: _ainvoke,
 }
+
+#: The effects ``adrive`` performs inline for a ledger that never waits: its ledger operations.
+_INLINE = frozenset(kind for kind, performer in _ASYNC.items() if performer is _aledger_op)
+_NONE_INLINE: frozenset[type] = frozenset()
 
 
 # --- entry points -------------------------------------------------------------------------
