@@ -66,7 +66,8 @@ class Record(NamedTuple):
         cls, key: CallKey, tool_name: str, args_digest: str, owner: str, now: datetime, lease_expires_at: datetime
     ) -> Record:
         """The record a first claim of ``key`` stores: running, attempt 1."""
-        return cls(key, tool_name, args_digest, Status.RUNNING, None, owner, 1, now, now, lease_expires_at)
+        fields = (key, tool_name, args_digest, Status.RUNNING, None, owner, 1, now, now, lease_expires_at, None)
+        return new_tuple(cls, fields)  # type: ignore[no-any-return]
 
     def taken_over_by(self, owner: str, now: datetime, lease_expires_at: datetime) -> Record:
         """The record a successful ``takeover`` of this one stores: running again, attempt + 1."""
