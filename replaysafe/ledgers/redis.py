@@ -524,8 +524,12 @@ def _packed(command: Sequence[Any], encoder: Any) -> list[bytes]:
     encoding, errors = encoder.encoding, encoder.encoding_errors
     parts = [b"*%d\r\n" % len(command)]
     for arg in command:
-        if not isinstance(arg, bytes):
-            arg = arg.encode(encoding, errors) if isinstance(arg, str) else b"%d" % arg
+        if isinstance(arg, str):
+            arg = arg.encode(encoding, errors)
+        elif type(arg) is int:
+            arg = b"%d" % arg
+        elif not isinstance(arg, bytes):  # anything else as redis-py has it (a float, or an error for a bool)
+            arg = encoder.encode(arg)
         parts.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
     return [b"".join(parts)]
 
