@@ -97,6 +97,9 @@ INSERT_COLUMNS = f"call_key, {KEYED_COLUMNS}"
 #: running, attempt 1, no result, no ttl yet. The casts type the NULLs where an INSERT takes a SELECT.
 CLAIM_ROW = "?, ?, ?, ?, ?, ?, 'running', CAST(NULL AS TEXT), ?, 1, ?, ?, ?, CAST(NULL AS TIMESTAMPTZ)"
 
+#: Each status by its stored text: a dict lookup, where ``Status(text)`` runs the enum's Python-level call.
+_STATUSES = {status.value: status for status in Status}
+
 #: What a step's reply reads as: the rows (``None`` for a statement that returns none) and the rowcount.
 Reader = Callable[[Sequence[Sequence[Any]] | None, int], Any]
 
@@ -197,7 +200,7 @@ class Operations:
             key,
             row[0],
             row[1],
-            Status(row[2]),
+            _STATUSES.get(row[2]) or Status(row[2]),  # Status(): an unknown text raises
             row[3],
             row[4],
             row[5],

@@ -433,3 +433,26 @@ def test_a_table_name_too_long_for_its_claim_function_is_refused(postgres_server
     assert PostgresLedger(postgres_server_url, table=longest, create_schema=False).table.name == longest
     with pytest.raises(ValueError, match="longer than 57 characters"):
         PostgresLedger(postgres_server_url, table=longest + "t", create_schema=False)
+
+
+@pytest.mark.parametrize("zone", [None, "Asia/Kolkata"])
+def test_records_read_back_as_the_same_utc_instants_in_any_session_zone(postgres_url: str, zone: str | None) -> None:
+    """The ledger's connections run in UTC (timestamps then load without a conversion); a zone the
+    URL's own ``options`` set wins, and every time still reads back as the instant written, in UTC."""
+    url = postgres_url if zone is None else f"{postgres_url}&options=-c%20TimeZone%3D{zone}"
+    key = CallKey("t", "m", "c")
+    with PostgresLedger(url) as ledger:
+        assert claim(ledger, key)
+        held = ledger._pool.get()
+        try:
+            assert held[0].execute("SHOW TimeZone").fetchone() == (zone or "UTC",)
+        finally:
+            ledger._pool.put(held)
+        for record in (
+            ledger.get(key),
+            ledger.claim(key, tool_name="t", args_digest="d", owner="o#2", now=NOW, lease_expires_at=LEASE).record,
+        ):
+            assert record is not None
+            assert (record.created_at, record.updated_at, record.lease_expires_at) == (NOW, NOW, LEASE)
+            assert record.created_at.utcoffset() == dt.timedelta(0)
+        ledger.purge_thread("t")
