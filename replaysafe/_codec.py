@@ -21,7 +21,6 @@ import dataclasses
 import datetime as dt
 import decimal
 import enum
-import json
 import re
 import sys
 import types
@@ -33,7 +32,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, Union
 
 from ._errors import ResultEncodingError
-from ._json import JSON_SCALARS, TAG_KEY, is_plain, json_encoder
+from ._json import JSON_SCALARS, TAG_KEY, is_plain, json_decoder, json_encoder
 
 _TAG = TAG_KEY
 _TAG_MARK = f'"{_TAG}"'
@@ -386,11 +385,14 @@ class JsonSerializer:
         except Exception as exc:  # e.g. circular data, an int too long for str(), a failing property
             raise ResultEncodingError(f"cannot record this result ({type(exc).__name__})") from None
 
+    _decode = staticmethod(json_decoder())
+    _decode_tagged = staticmethod(json_decoder(object_hook=_decode_hook))
+
     def loads(self, text: str, /) -> Any:
         try:
             if _TAG_MARK not in text:
-                return json.loads(text)
-            return json.loads(text, object_hook=_decode_hook)
+                return self._decode(text)
+            return self._decode_tagged(text)
         except ResultDecodingError:
             raise
         except Exception as exc:

@@ -187,6 +187,24 @@ def _check_id(name: str, value: object) -> str:
     return value
 
 
+def _call_key(thread_id: object, message_id: object, tool_call_id: object) -> CallKey:
+    """The key of ``tool_call``'s three ids, each checked by ``_check_id``."""
+    if type(thread_id) is str and type(message_id) is str and type(tool_call_id) is str:
+        # The common ids, checked at once: short ASCII text without NUL (so each passes _check_id).
+        joined = thread_id + message_id + tool_call_id
+        if len(joined) <= MAX_ID_BYTES and joined.isascii() and "\x00" not in joined:
+            return new_tuple(CallKey, (thread_id, message_id, tool_call_id))  # type: ignore[no-any-return]
+    key: CallKey = new_tuple(
+        CallKey,
+        (
+            _check_id("thread_id", thread_id),
+            _check_id("message_id", message_id),
+            _check_id("tool_call_id", tool_call_id),
+        ),
+    )
+    return key
+
+
 def _config_value(config: Mapping[str, Any], name: str) -> Any:
     """A setting from a run config, at the top or under LangGraph's ``configurable``."""
     if name in config:
@@ -262,15 +280,8 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
         pauses: tuple[type[BaseException], ...] = (),
         missing_ids_fix: str | None = None,
     ) -> None:
-        super().__init__()
-        key = new_tuple(
-            CallKey,
-            (
-                _check_id("thread_id", thread_id),
-                _check_id("message_id", message_id),
-                _check_id("tool_call_id", tool_call_id),
-            ),
-        )
+        self._tokens = []
+        key = _call_key(thread_id, message_id, tool_call_id)
         reserved = reserved_id(key)
         if reserved is not None:
             from ._errors import InvalidCallIdError
@@ -321,8 +332,9 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
         return self.scope
 
     def __enter__(self) -> CallKey:
-        super().__enter__()
-        return self.scope.key
+        scope = self.scope  # _Scoped.__enter__, without its two calls: the hot path enters one per call
+        self._tokens.append(_scope.set(scope))
+        return scope.key
 
     async def __aenter__(self) -> CallKey:
         return self.__enter__()

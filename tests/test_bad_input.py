@@ -41,6 +41,13 @@ def test_unstorable_ids_are_refused_before_any_io(bad: str, why: str) -> None:
             tool_call(*ids)
 
 
+def test_ids_at_the_limit_are_accepted_however_long_together() -> None:
+    """Each id is held to the limit alone: three of 64 KB (checked together on the fast path) are accepted."""
+    longest = "x" * 65536
+    assert tool_call(longest, longest, longest).scope.key == CallKey(longest, longest, longest)
+    assert tool_call("é" * 30000, "m", None).scope.key == CallKey("é" * 30000, "m", "")
+
+
 valid_ids = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=40)
 
 

@@ -111,6 +111,47 @@ def test_nan_and_infinity_round_trip() -> None:
         assert str(codec.loads(codec.dumps(decimal.Decimal(text)))) == text
 
 
+TEXTS = [
+    '{"a":1}',
+    ' {"a":1}',  # surrounding whitespace: json.loads reads it, the scanner alone does not
+    '{"a":1}\n',
+    "\ufeff[1]",  # a BOM: json.loads refuses it
+    "[1] [2]",  # extra data
+    "",
+    "   ",
+    "[1,",
+    "nul",
+    '"\\ud800"',
+    "NaN",
+    "-Infinity",
+    '{"a": [1, 2.5e3, true, null, "x"]}',
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_loads_reads_text_as_json_loads_does(text: str) -> None:
+    """The decoder that calls json's scanner directly gives json.loads' value, or fails where it fails."""
+    try:
+        expected: Any = json.loads(text)
+    except ValueError:
+        with pytest.raises(ResultDecodingError):
+            codec.loads(text)
+    else:
+        assert repr(codec.loads(text)) == repr(expected)  # repr: NaN is not equal to itself
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=' {}[]",:0123456789.eE+-truefalsnul\\ \n\ufeff', max_size=24))
+def test_loads_matches_json_loads_on_any_text(text: str) -> None:
+    try:
+        expected: Any = json.loads(text)
+    except ValueError:
+        with pytest.raises(ResultDecodingError):
+            codec.loads(text)
+    else:
+        assert repr(codec.loads(text)) == repr(expected)
+
+
 class Refused(NamedTuple):
     """A named tuple: a tuple subclass the codec would give back as a bare tuple."""
 
