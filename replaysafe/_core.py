@@ -909,9 +909,12 @@ def resolve(
     return settled
 
 
-def effective_timeout(tool_timeout: float | None, node_deadline: float | None, now: float) -> float | None:
-    """``min(tool_timeout, time left in the node)``; ``None`` when neither limits the call."""
-    left = None if node_deadline is None else node_deadline - now
+def effective_timeout(
+    tool_timeout: float | None, node_deadline: float | None, monotonic: Callable[[], float]
+) -> float | None:
+    """``min(tool_timeout, time left in the node)``; ``None`` when neither limits the call.
+    The clock is read only when the node has a deadline."""
+    left = None if node_deadline is None else node_deadline - monotonic()
     if tool_timeout is None:
         return left
     return tool_timeout if left is None else min(tool_timeout, left)

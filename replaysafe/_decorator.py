@@ -58,6 +58,7 @@ class _Tool:
     """One decorated tool: its protocol settings and how its arguments bind."""
 
     __slots__ = (
+        "_arity",
         "_binders",
         "_class_first",
         "_digests",
@@ -103,6 +104,8 @@ class _Tool:
         self._binders = (_Binder.of(parameters), _Binder.of(parameters[1:]))
         names = [parameter.name for parameter in parameters]
         self._digests = (SignatureDigest(names, exclude_args), SignatureDigest(names[1:], exclude_args))
+        # How many arguments, given by position, are every parameter in order (-1: no such call).
+        self._arity = tuple(-1 if binder is None else binder.all_by_position for binder in self._binders)
         # Under @classmethod, Python 3.13 calls the wrapper with the class as a plain first argument
         # (it no longer binds through the wrapper's __get__): a first parameter named cls, of a
         # function defined in a class, given a class, is the receiver, never data.
@@ -117,7 +120,13 @@ class _Tool:
 
     def digest(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
         """Bind the call's arguments by name (defaults applied) and digest them."""
-        method, args = self._receiver(instance, args)
+        method = False
+        if instance is not None or self._class_first:
+            method, args = self._receiver(instance, args)
+        if not kwargs and len(args) == self._arity[method]:  # every parameter given by position
+            digest = self._digests[method].of_positional(args)
+            if digest is not None:
+                return digest
         binder = self._binders[method]
         arguments = binder.bind(args, kwargs) if binder is not None else None
         if arguments is not None:
@@ -187,7 +196,8 @@ class _Tool:
             scope = CallScope(key, ledger, pauses)
         elif key is not scope.key or ledger is not scope.ledger or pauses or parent is not None:
             # The scope the protocol and this call's steps see: its own key, ledger and pauses.
-            scope = CallScope(key, ledger, scope.pauses + pauses, scope.tool_timeout, scope.in_doubt, parent)
+            fields = (key, ledger, scope.pauses + pauses, scope.tool_timeout, scope.in_doubt, parent, None)
+            scope = new_tuple(CallScope, fields)
         # A call inside another runs under its parent's deadline: a timer of its own would
         # replace the parent's (one SIGALRM per process) or move it to another thread.
         timeout, hard = (None, False) if parent is not None else self._timeout(scope)
@@ -207,9 +217,9 @@ class _Tool:
         hard = tool_timeout is not None and tool_timeout is not UNSET
         if tool_timeout is UNSET:
             tool_timeout = _constants.TOOL_TIMEOUT
-        deadline = node.deadline if node else None
+        deadline = node.deadline if node is not None else None
         hard = hard or (deadline is not None and node is not None and node.deadline_given)
-        timeout = effective_timeout(tool_timeout, deadline, time.monotonic())
+        timeout = effective_timeout(tool_timeout, deadline, time.monotonic)
         if timeout is not None and timeout <= 0:
             message = (
                 f"{describe(self.spec.name, scope.key)} did not run: its node's time ran out before the call "

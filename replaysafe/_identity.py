@@ -171,8 +171,12 @@ _BUILTIN_BASES: dict[type, Any] = {
 
 
 def _sha256(text: str) -> str:
-    # surrogatepass: a lone surrogate in an id or argument must digest, not crash.
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    try:
+        data = text.encode()  # the same bytes as below, unless the text holds a lone surrogate
+    except UnicodeEncodeError:
+        # surrogatepass: a lone surrogate in an id or argument must digest, not crash.
+        data = text.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()
 
 
 def args_digest(arguments: Mapping[str, Any], *, tool_name: str) -> str:
@@ -194,10 +198,9 @@ def args_digest(arguments: Mapping[str, Any], *, tool_name: str) -> str:
 # sorted order the key's text, ":" and the value's text, joined by ",", then "}".
 # A tool's bound arguments always carry the same names, so each "key:" head is
 # computed once, and only the values are encoded per call, each scalar by the very
-# function the C encoder calls for its type. With a list or dict among them, one
-# pass of the encoder over the whole mapping is cheaper. Any other value (or a name
-# set that differs) takes the general path, which gives the same text by
-# construction; the property tests compare the two.
+# function the C encoder calls for its type, a list or dict of plain data by the
+# encoder itself. Any other value (or a name set that differs) takes the general
+# path, which gives the same text by construction; the property tests compare the two.
 
 _string_text = json.encoder.encode_basestring  # the C encoder's function for ensure_ascii=False
 
@@ -222,34 +225,41 @@ class SignatureDigest:
     """``args_digest`` of an argument mapping without the names in ``exclude``, fast for mappings of ``names``.
 
     The same digest, computed without the general path's checks when every value is
-    a JSON scalar of an exact type, or plain JSON data.
+    a JSON scalar of an exact type, or plain JSON data; from the bound mapping, or
+    (``of_positional``) straight from the values of every name in order.
     """
 
-    __slots__ = ("_exclude", "_heads")
+    __slots__ = ("_by_name", "_by_position", "_exclude")
 
     def __init__(self, names: Collection[str], exclude: Collection[str] = ()) -> None:
         self._exclude = frozenset(exclude)
-        kept = sorted(name for name in names if name not in self._exclude)
+        order = list(names)
+        kept = sorted(name for name in order if name not in self._exclude)
+        heads = [("" if i == 0 else ",") + _string_text(name) + ":" for i, name in enumerate(kept)]
         # A name the result codec reserves makes the mapping take the tagged form: never fast.
         fast = TAG_KEY not in kept
-        self._heads: tuple[tuple[str, str], ...] | None = (
-            tuple((("" if i == 0 else ",") + _string_text(name) + ":", name) for i, name in enumerate(kept))
-            if fast
-            else None
+        self._by_name: tuple[tuple[str, str], ...] | None = tuple(zip(heads, kept, strict=True)) if fast else None
+        self._by_position: tuple[tuple[str, int], ...] | None = (
+            tuple(zip(heads, [order.index(name) for name in kept], strict=True)) if fast else None
         )
 
     def __call__(self, arguments: dict[str, Any], tool_name: str) -> str:
         text = self.text(arguments)
         if text is not None:
-            return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()  # as _sha256
+            return _sha256(text)
         general = {name: value for name, value in arguments.items() if name not in self._exclude}
         return args_digest(general, tool_name=tool_name)
 
-    def text(
-        self, arguments: dict[str, Any], _string: type = str, _scalars: dict[type, Callable[[Any], str]] = _SCALAR_TEXT
-    ) -> str | None:
+    def of_positional(self, values: tuple[Any, ...]) -> str | None:
+        """The digest of a call that gave ``values``, one for each of ``names`` in order; ``None``
+        when a value is not of the common shapes (then the bound mapping goes to ``__call__``)."""
+        heads = self._by_position
+        text = None if heads is None else _joined(heads, values)
+        return None if text is None else _sha256(text)
+
+    def text(self, arguments: dict[str, Any]) -> str | None:
         """The canonical text of ``arguments`` without the excluded names; ``None`` for the general path."""
-        heads = self._heads
+        heads = self._by_name
         if heads is None or type(arguments) is not dict:
             return None
         given = len(arguments)
@@ -257,25 +267,36 @@ class SignatureDigest:
             given -= len(self._exclude.intersection(arguments))
         if given != len(heads):
             return None  # then each name found below makes the key sets equal
-        text = "{"
-        try:
-            for head, name in heads:
-                value = arguments[name]
-                kind = type(value)
-                if kind is _string:
-                    text += head + _string_text(value)
-                    continue
-                encode = _scalars.get(kind)
-                if encode is not None:
-                    text += head + encode(value)
-                elif (kind is dict or kind is list) and not self._exclude:
-                    # One pass of the C encoder over the whole mapping beats one per value.
-                    return _sorted_json(arguments) if is_plain(arguments) else None
-                else:
-                    return None
-        except (KeyError, ValueError, RecursionError):
-            return None  # another name set, or a value the general path reports
-        return text + "}"
+        return _joined(heads, arguments)
+
+
+def _joined(
+    heads: tuple[tuple[str, Any], ...],
+    source: Any,
+    _string: type = str,
+    _string_text: Callable[[str], str] = _string_text,
+    _scalars: dict[type, Callable[[Any], str]] = _SCALAR_TEXT,
+) -> str | None:
+    """``{`` then each head and the text of ``source[at]``, then ``}``: sorted-key JSON of the values
+    the heads name (by name in a mapping, by position in a tuple); ``None`` for the general path."""
+    text = "{"
+    try:
+        for head, at in heads:
+            value = source[at]
+            kind = type(value)
+            if kind is _string:
+                text += head + _string_text(value)
+                continue
+            encode = _scalars.get(kind)
+            if encode is not None:
+                text += head + encode(value)
+            elif (kind is dict or kind is list) and is_plain(value):
+                text += head + _sorted_json(value)  # sorted-key JSON is compositional: the value's own text
+            else:
+                return None
+    except (KeyError, ValueError, RecursionError):
+        return None  # another name set, or a value the general path reports
+    return text + "}"
 
 
 def _offending_argument(arguments: Mapping[str, Any]) -> str:

@@ -348,25 +348,31 @@ def test_signature_digest_is_the_general_digest(names: list[str], data: st.DataO
     arguments = {**values, **extra} if extra and data.draw(st.booleans(), label="use extra") else dict(values)
     general = {name: value for name, value in arguments.items() if name not in exclude}
     fast = SignatureDigest(names, exclude)
-    assert _digest_or_error(fast, arguments, "t") == _digest_or_error(args_digest, general, tool_name="t")
+    expected = _digest_or_error(args_digest, general, tool_name="t")
+    assert _digest_or_error(fast, arguments, "t") == expected
+    # Given by position, every name in order: the same digest, or None for the general path.
+    positional = fast.of_positional(tuple(values[name] for name in names))
+    of_values = {name: value for name, value in values.items() if name not in exclude}
+    assert positional in (None, _digest_or_error(args_digest, of_values, tool_name="t"))
     kept = [name for name in names if name not in exclude]
-    if arguments.keys() == set(names) and TAG not in kept and all(_common(arguments[n], exclude) for n in kept):
+    if arguments.keys() == set(names) and TAG not in kept and all(_common(arguments[n]) for n in kept):
         assert fast.text(arguments) is not None, "a common shape took the general path"
+        assert positional is not None, "a common shape given by position took the general path"
 
 
-def _common(value: Any, exclude: list[str]) -> bool:
-    """A value of the shapes the fast path takes (it falls back on an unprintable int, and on
-    a list or dict when names are excluded: the whole mapping is not the text then)."""
+def _common(value: Any) -> bool:
+    """A value of the shapes the fast path takes (it falls back on an unprintable int)."""
     if type(value) is int:
         return abs(value) < 10**4000
-    return type(value) in (str, float, bool, type(None)) or (
-        not exclude and type(value) in (dict, list) and is_plain(value)
-    )
+    return type(value) in (str, float, bool, type(None)) or (type(value) in (dict, list) and is_plain(value))
 
 
 class Orders:
     @replay_safe
     def refund(self, order_id: str, amount: int = 5, *, note: str | None = None) -> None: ...
+
+    @replay_safe
+    def ship(self, order_id: str, lines: list[str]) -> None: ...
 
 
 @replay_safe(exclude_args=("session",))
@@ -384,7 +390,15 @@ def charge(order_id: str, lines: list[dict[str, Any]], session: object = None, r
             {"lines": [], "rush": True, "session": object()},
             {"order_id": "1", "lines": [], "rush": True},
         ),
+        (  # every parameter by position: digested from the values, the excluded one left out
+            charge,
+            None,
+            ("1", [{"sku": "a"}], object(), True),
+            {},
+            {"order_id": "1", "lines": [{"sku": "a"}], "rush": True},
+        ),
         (Orders.refund, Orders(), ("9",), {"note": "é"}, {"order_id": "9", "amount": 5, "note": "é"}),
+        (Orders.ship, Orders(), ("9", ["a"]), {}, {"order_id": "9", "lines": ["a"]}),
         (Orders.refund, Orders(), (), {"order_id": "9", "amount": 1.5}, {"order_id": "9", "amount": 1.5}),
     ],
 )
@@ -392,7 +406,9 @@ def test_decorated_tools_digest_their_bound_arguments(
     tool: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], bound: dict[str, Any]
 ) -> None:
     """Through the decorator (defaults applied, methods without self, excluded names left out): the general digest."""
-    expected = {"rush": False, **bound} if tool is charge else {"note": None, **bound}
+    expected = (
+        {"rush": False, **bound} if tool is charge else bound if tool.__name__ == "ship" else {"note": None, **bound}
+    )
     digest = tool._self_replaysafe_tool.digest(instance, args, kwargs)
     assert digest == args_digest(expected, tool_name="t")
 
