@@ -293,6 +293,19 @@ class Verdict(enum.Enum):
     RESUME = "resume"  # paused: run it again, its completed steps replaying
 
 
+# The enum members the hot path reads, read once: on Python 3.11 each read through an enum
+# class runs its metaclass's __getattr__ hook, and a protected call reads several.
+_RUNNING, _COMPLETED, _FAILED, _PAUSED = Status.RUNNING, Status.COMPLETED, Status.FAILED, Status.PAUSED
+_REPLAY, _RAISE_RECORDED, _WAIT, _IN_DOUBT, _RESUME = (
+    Verdict.REPLAY,
+    Verdict.RAISE_RECORDED,
+    Verdict.WAIT,
+    Verdict.IN_DOUBT,
+    Verdict.RESUME,
+)
+_REPLAYED, _EXECUTED = EventKind.REPLAYED, EventKind.EXECUTED
+
+
 def owner_is_alive(record: Record, now: datetime, owner_alive: Callable[[str], bool | None]) -> bool:
     """Whether the owner of a ``running`` record may still finish it.
 
@@ -306,20 +319,20 @@ def owner_is_alive(record: Record, now: datetime, owner_alive: Callable[[str], b
 
 def judge(record: Record, now: datetime, owner_alive: Callable[[str], bool | None]) -> Verdict:
     """What to do about ``record``, found by a claim at ``now``."""
-    if record.status is Status.COMPLETED:
-        return Verdict.REPLAY
-    if record.status is Status.FAILED:
-        return Verdict.RAISE_RECORDED
-    if record.status is Status.PAUSED:
-        return Verdict.RESUME
-    if record.status is Status.RUNNING and owner_is_alive(record, now, owner_alive):
-        return Verdict.WAIT
-    return Verdict.IN_DOUBT
+    status = record.status
+    if status is _COMPLETED:
+        return _REPLAY
+    if status is _FAILED:
+        return _RAISE_RECORDED
+    if status is _PAUSED:
+        return _RESUME
+    if status is _RUNNING and owner_is_alive(record, now, owner_alive):
+        return _WAIT
+    return _IN_DOUBT
 
 
-def _check_same_call(spec: ToolSpec, host: Host, record: Record, args_digest: str) -> None:
-    if record.tool_name == spec.name and record.args_digest == args_digest:
-        return
+def _report_mismatch(spec: ToolSpec, host: Host, record: Record, args_digest: str) -> None:
+    """The record found is of another tool, or of other arguments: nothing runs, nothing replays."""
     what = f"tool {record.tool_name!r}" if record.tool_name != spec.name else "the same tool with other arguments"
     if record.key.thread_id == BUSINESS_THREAD_ID:
         fix = (
@@ -409,6 +422,24 @@ def _call_info(
     return RunningCall.of(scope, spec.name, attempt, args, kwargs)
 
 
+def _run(
+    spec: ToolSpec,
+    scope: CallScope,
+    attempt: int,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    owner: str,
+    timeout: float | None,
+    host: Host,
+    lease: timedelta,
+    args_digest: str,
+    sealer: Sealer | None,
+) -> Run:
+    """The decision to run attempt ``attempt`` of the call, claimed by ``owner``."""
+    call = _call_info(spec, scope, attempt, args, kwargs)
+    return Run(call, owner, timeout, host, host.monotonic(), lease, args_digest, sealer)
+
+
 # --- phase 1: claim -----------------------------------------------------------------
 
 
@@ -427,11 +458,6 @@ def _protocol(
     """``begin`` (``whole`` false: returns the decision), or ``replay`` (``whole``: returns the result)."""
     key = scope.key
     lease = spec.lease_for(timeout)
-
-    def run(attempt: int) -> Run:
-        call = _call_info(spec, scope, attempt, args, kwargs)
-        return Run(call, owner, timeout, host, host.monotonic(), lease, args_digest, sealer)
-
     decision: Replay | Run
     deadline: float | None = None
     backoff = _constants.WAIT_BACKOFF_FIRST
@@ -445,19 +471,20 @@ def _protocol(
         record = found.record
         if record.key != key:
             _report_moved(spec, host, key, record)
-        _check_same_call(spec, host, record, args_digest)
+        if record.tool_name != spec.name or record.args_digest != args_digest:
+            _report_mismatch(spec, host, record, args_digest)
         # Our own record: a claim whose first answer was lost and was tried again.
-        if found.claimed or (record.status is Status.RUNNING and record.owner == owner):
-            decision = run(record.attempt)
+        if found.claimed or (record.status is _RUNNING and record.owner == owner):
+            decision = _run(spec, scope, record.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer)
             break
         verdict = judge(record, now, host.owner_alive)
-        if verdict is Verdict.REPLAY:
+        if verdict is _REPLAY:
             value = _replayed(spec, host, record, sealer)
             if whole:  # the hot replay: its value, with no decision to build and unpack
                 return value
             decision = Replay(value)
             break
-        if verdict is Verdict.RAISE_RECORDED:
+        if verdict is _RAISE_RECORDED:
             error = recorded_error(spec, host, record, _trusted_text(spec, host, record, sealer))  # seal first
             host.emit(
                 EventKind.REPLAYED,
@@ -467,11 +494,11 @@ def _protocol(
                 attempt=record.attempt,
             )
             raise error
-        if verdict is Verdict.IN_DOUBT or verdict is Verdict.RESUME:
+        if verdict is _IN_DOUBT or verdict is _RESUME:
             # A paused call is taken over as an in-doubt one is, without asking the policy:
             # its owner stopped on purpose, at a point where nothing was left half done.
             policy: InDoubt = "rerun"
-            if verdict is Verdict.IN_DOUBT:
+            if verdict is _IN_DOUBT:
                 policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
                 _report_in_doubt(spec, host, record, policy)
             if policy == "raise":
@@ -494,11 +521,12 @@ def _protocol(
             if taken is None:
                 continue  # another worker moved first: look again
             if callable(policy):
-                answer = yield from _reconcile(spec, policy, run(taken.attempt), record.attempt)
+                owned = _run(spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer)
+                answer = yield from _reconcile(spec, policy, owned, record.attempt)
                 if answer is not RERUN:
                     decision = Replay(answer)
                     break
-            decision = run(taken.attempt)
+            decision = _run(spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer)
             break
         # A live owner runs this very call: wait for its result, with a bounded backoff.
         # The deadline is on the monotonic clock: a wall clock stepped back must not stretch it.
@@ -543,19 +571,23 @@ replay = functools.partial(_protocol, True)
 
 def _replayed(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> Any:
     """The recorded result of a completed call, as the tool returned it."""
-    text = _trusted_text(spec, host, record, sealer)
-    unrecorded = _unrecorded.parse(text)
-    if unrecorded is not None:
-        raise _not_recorded(spec, host, record, unrecorded)
+    text = record.result
+    # Stored text with none of the reserved prefixes, on a ledger that does not seal, is the
+    # serializer's output as it wrote it: nothing to check or strip.
+    if sealer is not None or (text is not None and text.startswith(_unrecorded.RESERVED_PREFIXES)):
+        text = _trusted_text(spec, host, record, sealer)
+        unrecorded = _unrecorded.parse(text)
+        if unrecorded is not None:
+            raise _not_recorded(spec, host, record, unrecorded)
     try:
         value = spec.decode(text)
     except Exception as exc:
         # The call ran: never run it again, and never quote the stored value
         # (a decode error's text often does), so the cause is not chained.
         raise _unreadable(spec, host, record, f"its result cannot be decoded ({type(exc).__name__})") from None
-    if host.wanted(EventKind.REPLAYED):  # the hot path: build no message nobody reads
+    if host.wanted(_REPLAYED):  # the hot path: build no message nobody reads
         host.emit(
-            EventKind.REPLAYED,
+            _REPLAYED,
             f"{describe(spec.name, record.key)} replayed its recorded result",
             tool_name=spec.name,
             key=record.key,
@@ -733,12 +765,12 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
                 message, tool_name=spec.name, key=key, idempotency_key=idempotency_key, result=result
             )
         return
-    yield from _finish(spec, run, Status.COMPLETED, encoded, fail_closed=True, result=result)
+    yield from _finish(spec, run, _COMPLETED, encoded, fail_closed=True, result=result)
     host = run.host
-    if not host.wanted(EventKind.EXECUTED):
+    if not host.wanted(_EXECUTED):
         return
     host.emit(
-        EventKind.EXECUTED,
+        _EXECUTED,
         f"{describe(spec.name, key)} ran and its result is recorded",
         tool_name=spec.name,
         key=key,

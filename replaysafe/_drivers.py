@@ -102,7 +102,7 @@ def _advance(protocol: Generator[Effect, Any, Any], send: Any, error: BaseExcept
     try:
         return protocol.send(send) if error is None else protocol.throw(error)
     except StopIteration as stop:
-        return _Finished(stop.value)
+        return new_tuple(_Finished, (stop.value,))
     except ToolExit as exc:
         raise exc.original from None
 

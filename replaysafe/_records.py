@@ -26,6 +26,8 @@ class Status(str, enum.Enum):
         return self.value
 
 
+_RUNNING = Status.RUNNING  # read once: through its enum class, each read runs a metaclass hook (Python 3.11)
+
 #: ``new_tuple(Cls, (all fields in order))`` builds a named tuple without its Python-level
 #: ``__new__`` (one call fewer), for the few built on every protected call.
 new_tuple: Any = tuple.__new__
@@ -66,7 +68,7 @@ class Record(NamedTuple):
         cls, key: CallKey, tool_name: str, args_digest: str, owner: str, now: datetime, lease_expires_at: datetime
     ) -> Record:
         """The record a first claim of ``key`` stores: running, attempt 1."""
-        fields = (key, tool_name, args_digest, Status.RUNNING, None, owner, 1, now, now, lease_expires_at, None)
+        fields = (key, tool_name, args_digest, _RUNNING, None, owner, 1, now, now, lease_expires_at, None)
         return new_tuple(cls, fields)  # type: ignore[no-any-return]
 
     def taken_over_by(self, owner: str, now: datetime, lease_expires_at: datetime) -> Record:

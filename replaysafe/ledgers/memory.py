@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 
-from .._records import CallKey, ClaimResult, Record, Status
+from .._records import CallKey, ClaimResult, Record, Status, new_tuple
 from ._protocol import LedgerBase, RetryPolicy, SigningKey, forget_in_forked_child
 
 
@@ -38,10 +38,10 @@ class MemoryLedger(LedgerBase):
         with self._lock:
             found = self._records.get(key)
             if found is not None:
-                return ClaimResult(found, False)
+                return new_tuple(ClaimResult, (found, False))  # type: ignore[no-any-return]
             record = Record.claimed(key, tool_name, args_digest, owner, now, lease_expires_at)
             self._records[key] = record
-            return ClaimResult(record, True)
+            return new_tuple(ClaimResult, (record, True))  # type: ignore[no-any-return]
 
     def takeover(self, record: Record, *, owner: str, now: datetime, lease_expires_at: datetime) -> Record | None:
         with self._lock:
@@ -57,18 +57,21 @@ class MemoryLedger(LedgerBase):
             # A retried write finds its own finished record: still a success.
             if found is None or found.owner != owner or found.status not in (Status.RUNNING, status):
                 return False
-            self._records[key] = Record(
-                key,
-                found.tool_name,
-                found.args_digest,
-                status,
-                result,
-                owner,
-                found.attempt,
-                found.created_at,
-                now,
-                found.lease_expires_at,
-                found.expires_at,
+            self._records[key] = new_tuple(
+                Record,
+                (
+                    key,
+                    found.tool_name,
+                    found.args_digest,
+                    status,
+                    result,
+                    owner,
+                    found.attempt,
+                    found.created_at,
+                    now,
+                    found.lease_expires_at,
+                    found.expires_at,
+                ),
             )
             return True
 
