@@ -522,6 +522,9 @@ def _packed(command: Sequence[Any], encoder: Any) -> list[bytes]:
     """One of the ledger's commands (texts, bytes, integers) in RESP, as redis-py packs it with ``encoder``'s
     encoding, in one buffer: a loop over the arguments instead of redis-py's encoder call per argument."""
     encoding, errors = encoder.encoding, encoder.encoding_errors
+    name = command[0]
+    if isinstance(name, str) and " " in name:  # a command of two words ("CLIENT ID"): split, as redis-py does
+        command = (*name.split(), *command[1:])
     parts = [b"*%d\r\n" % len(command)]
     for arg in command:
         if isinstance(arg, str):

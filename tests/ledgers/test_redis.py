@@ -322,6 +322,8 @@ def test_commands_are_packed_as_redis_py_packs_them(encoding: str) -> None:
 
     commands = [
         ("GET", "p:{t}:m:c"),
+        ("CLIENT ID",),
+        ("SCRIPT EXISTS", "a" * 40),
         ("EVALSHA", "a" * 40, 2, "p:{t}:m:c", "p:{t}", b"1 running\n" + b"x" * 100_000, "ownér", 0, "", -5, 1.5),
     ]
     for client in (redis.Redis(encoding=encoding), redis.asyncio.Redis(encoding=encoding)):
