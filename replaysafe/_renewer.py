@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import math
 import os
 import threading
@@ -30,7 +31,10 @@ _MAX_INCOMING = 1024
 
 
 def _reported(lease: Lease, renewed: bool | None, error: LedgerError | None = None) -> bool | None:
-    """A renewal's outcome, logged when it failed or found the lease lost."""
+    """A renewal's outcome, logged when it failed or found the lease lost while the tool still runs
+    (a renewal in flight when the tool ended finds the call settled: nothing to say)."""
+    if not lease.active:
+        return renewed
     if error is not None:
         logger.warning(
             "%s: its lease could not be renewed (%s); trying again in %gs. If it runs out, another host may "
@@ -175,7 +179,9 @@ class LoopRenewer:
         if self._timer is not None:
             self._timer.cancel()
         self._wakes_at = due
-        self._timer = self.loop.call_later(max(due - time.monotonic(), 0.0), self._wake)
+        # An empty context: the timer (and the renewal tasks it starts) must not run in, or keep
+        # alive, the context of whichever call armed it last.
+        self._timer = self.loop.call_later(max(due - time.monotonic(), 0.0), self._wake, context=contextvars.Context())
 
     def _wake(self) -> None:
         self._timer, self._wakes_at = None, math.inf

@@ -8,6 +8,7 @@ cannot check the first one's pid: only the lease tells it the owner is alive.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import math
@@ -483,3 +484,62 @@ def test_a_lease_queued_while_another_caller_starts_the_renewer_is_renewed_when_
     second_caller.join(30)
     assert second_renewed.wait(30), f"the renewer renewed {renewed} and slept without the second lease"
     assert renewed == ["first", "second"]
+
+
+class _SlowRenewals(MemoryLedger):
+    """A memory ledger whose renewals take 0.3 s, run off the loop (as a server ledger's are)."""
+
+    blocking_io = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewal_contexts: list[str | None] = []
+
+    def renew(self, *args: object, **kwargs: object) -> bool:
+        self.renewal_contexts.append(_REQUEST.get(None))
+        time.sleep(0.3)
+        return super().renew(*args, **kwargs)  # type: ignore[arg-type]
+
+
+_REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request")
+
+
+async def test_a_renewal_in_flight_when_the_tool_ends_is_not_reported_lost(caplog: pytest.LogCaptureFixture) -> None:
+    """A renewal still running when the tool returns finds the call completed: that is not a lost lease,
+    and no warning says so."""
+    ledger = _SlowRenewals()
+
+    @replay_safe(ledger=ledger, lease=0.3, timeout=None)
+    async def quick() -> str:
+        await asyncio.sleep(0.15)  # the first renewal starts at 0.1 s and ends at 0.4 s
+        return "done"
+
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "m", "c")
+    with caplog.at_level(logging.WARNING, logger="replaysafe"):
+        async with tool_call(*key):
+            assert await quick() == "done"
+        await asyncio.sleep(0.5)  # the renewal in flight comes back
+    assert len(ledger.renewal_contexts) == 1
+    record = ledger.get(key)
+    assert record is not None and record.status is Status.COMPLETED
+    assert not [r for r in caplog.records if "lease" in r.getMessage()]
+
+
+async def test_renewals_do_not_run_in_another_calls_context() -> None:
+    """One loop timer keeps every call's lease: its renewals run in a context of their own, never in
+    (or keeping alive) the context of the call that happened to arm the timer."""
+    ledger = _SlowRenewals()
+
+    @replay_safe(ledger=ledger, lease=0.3, timeout=None)
+    async def slow(request: str) -> str:
+        await asyncio.sleep(0.5)
+        return request
+
+    async def call(request: str) -> str:
+        _REQUEST.set(request)  # each call's task has its own copy: a request id, a tracing span
+        async with tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", request):
+            return await slow(request)
+
+    assert await asyncio.gather(call("A"), call("B")) == ["A", "B"]
+    await asyncio.sleep(0.4)
+    assert ledger.renewal_contexts and set(ledger.renewal_contexts) == {None}
