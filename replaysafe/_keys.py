@@ -55,16 +55,19 @@ def reserved_id(key: CallKey) -> tuple[str, str] | None:
 def step_key(parent: CallKey, tool_name: str, ordinal: int) -> CallKey:
     """The key of the ``ordinal``-th step named ``tool_name`` made inside the call ``parent``.
 
-    A ``>`` or ``#`` in the step's name is refused: the key is read back from its right end
-    (``#n``, then the name up to the last ``>``), so with either in a name two different steps
-    could get one key, and the second to run would be blocked by the first's record.
+    A name with a ``>`` before its last character is refused: the key is read back from its
+    right end (``#n``, then the name), so the ``b>charge`` step of call ``a`` and the ``charge``
+    step of call ``a>b`` would both be ``a>b>charge#1``, and the second to run would be blocked
+    by the first's record. A ``>`` at the very end (``<lambda>``) or a ``#`` cannot do that:
+    the ordinal is the digits after the last ``#``, and the part of a name after a ``>`` would
+    have to be a name of its own, never empty.
     """
-    if ">" in tool_name or "#" in tool_name:
+    if ">" in tool_name[:-1]:
         raise InvalidCallIdError(
             f"{tool_name} cannot run as a step inside the call ({parent}): a step's tool call id is "
-            "<parent tool_call_id>><tool>#<n>, and a '>' or '#' in the tool's name could give two different "
+            "<parent tool_call_id>><tool>#<n>, and a '>' inside the tool's name could give two different "
             "steps one id (the second to run would be blocked by the first's record). Nothing ran. Name the "
-            'tool without them: @replay_safe(name="...").',
+            'tool without it: @replay_safe(name="...").',
             tool_name=tool_name,
             key=parent,
         )

@@ -180,9 +180,9 @@ def test_the_ledger_still_addresses_a_step_by_its_key(ledger: Ledger) -> None:
     assert ledger.delete(step.key)
 
 
-@pytest.mark.parametrize("step_name", ["b>charge", "charge#1", "x>y#2"])
-def test_a_step_whose_name_holds_a_gt_or_a_hash_is_refused_before_it_runs(ledger: Ledger, step_name: str) -> None:
-    """A step's id is read from its right end, so ``>`` or ``#`` in its name could give two steps one id:
+@pytest.mark.parametrize("step_name", ["b>charge", "x>y#2", "a>>"])
+def test_a_step_whose_name_holds_a_gt_before_its_end_is_refused_before_it_runs(ledger: Ledger, step_name: str) -> None:
+    """A step's id is read from its right end, so a ``>`` inside its name could give two steps one id:
     a ``b>charge`` step of call ``a`` would be ``a>b>charge#1``, the id of the ``charge`` step of call ``a>b``,
     and whichever ran second would be blocked by the other's record. Such a step is refused before it runs,
     whatever ran before, and the error says how to name it."""
@@ -213,3 +213,23 @@ def test_a_step_whose_name_holds_a_gt_or_a_hash_is_refused_before_it_runs(ledger
     with tool_call(thread, "m", "b"):
         assert charge("o2") == "ch_o2"
     assert ran == ["o2"]
+
+
+@pytest.mark.parametrize("step_name", ["<lambda>", "charge#1", "a>", "#"])
+def test_a_step_named_with_a_final_gt_or_a_hash_runs_and_replays(ledger: Ledger, step_name: str) -> None:
+    """A ``>`` at the end of a name (a lambda's ``<lambda>``) or a ``#`` cannot make two steps share an id:
+    such steps run once and replay, under the key their name gives."""
+    ran: list[str] = []
+    step = replay_safe(ledger=ledger, name=step_name)(lambda order_id: ran.append(order_id) or f"ch_{order_id}")
+
+    @replay_safe(ledger=ledger)
+    def checkout(order_id: str) -> str:
+        return str(step(order_id))
+
+    thread = new_thread()
+    for _ in range(2):
+        with tool_call(thread, "m", "a"):
+            assert checkout("o1") == "ch_o1"
+    assert ran == ["o1"]
+    record = ledger.get(CallKey(thread, "m", f"a>{step_name}#1"))
+    assert record is not None and record.tool_name == step_name
