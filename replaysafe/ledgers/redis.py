@@ -605,7 +605,8 @@ class _Operations:
     ) -> _Op[Record | None]:
         """Replace ``record`` (still as read) by a ``running`` one for ``owner``, attempt + 1."""
         taken = record.taken_over_by(owner, now, lease_expires_at)
-        expected = (record.owner, str(record.attempt), _WORDS[record.status])
+        # Owners go as UTF-8, as records hold them, whatever the client's own encoding.
+        expected = (_utf8(record.owner), str(record.attempt), _WORDS[record.status])
         return _Op(
             lambda reply: taken if reply == 1 else None,
             _evalsha(_TAKEOVER, self.keys(record.key), *expected, _pack(taken)),
@@ -618,16 +619,17 @@ class _Operations:
         encoded = b"" if result is None else _utf8(result)
         size = "" if result is None else len(encoded)
         record, index = self.keys(key)
-        command = ("EVALSHA", _COMPLETE.sha, 2, record, index, owner, _WORDS[status], _micros(now), size, encoded)
+        owned = _utf8(owner)  # as records hold it, whatever the client's encoding
+        command = ("EVALSHA", _COMPLETE.sha, 2, record, index, owned, _WORDS[status], _micros(now), size, encoded)
         return _Op(_is_one, (*command, ttl_ms, expiry_text))
 
     def release(self, key: CallKey, *, owner: str) -> _Op[bool]:
         """Delete the ``running`` record ``owner`` holds."""
-        return _Op(_is_one, _evalsha(_RELEASE, self.keys(key), owner))
+        return _Op(_is_one, _evalsha(_RELEASE, self.keys(key), _utf8(owner)))
 
     def renew(self, key: CallKey, *, owner: str, lease_expires_at: dt.datetime) -> _Op[bool]:
         """Move the lease of the ``running`` record ``owner`` holds (fenced)."""
-        return _Op(_is_one, _evalsha(_RENEW, self.keys(key)[:1], owner, _micros(lease_expires_at)))
+        return _Op(_is_one, _evalsha(_RENEW, self.keys(key)[:1], _utf8(owner), _micros(lease_expires_at)))
 
     def get(self, key: CallKey) -> _Op[Record | None]:
         return _Op(lambda reply: None if reply is None else _unpack(key, reply), ("GET", self.keys(key)[0]))

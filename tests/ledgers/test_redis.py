@@ -332,3 +332,25 @@ def test_commands_are_packed_as_redis_py_packs_them(encoding: str) -> None:
             assert _packed(command, conn.encoder) == [b"".join(conn.pack_command(*command))]
         with pytest.raises(redis.DataError):
             _packed(("GET", True), conn.encoder)
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-8"])
+def test_a_non_ascii_owner_holds_its_claim_whatever_the_clients_encoding(redis_url: str, encoding: str) -> None:
+    """Records hold owners in UTF-8; the fenced operations send the owner in UTF-8 too, so a client set to
+    another encoding (and a host name with a non-ASCII letter) still finishes, renews and releases its own
+    claims, and never another owner's."""
+    server, prefix = _server_and_prefix(redis_url)
+    client = redis.Redis.from_url(server, encoding=encoding)
+    owner, other = "büro-1:42:1700000000#1", "büro-2:42:1700000000#1"
+    with RedisLedger(client, prefix=prefix) as ledger:
+        done, released = CallKey("t", "m", "done"), CallKey("t", "m", "released")
+        assert claim(ledger, done, owner=owner) and claim(ledger, released, owner=owner)
+        assert not ledger.renew(done, owner=other, lease_expires_at=LEASE)
+        assert ledger.renew(done, owner=owner, lease_expires_at=LEASE)
+        assert not ledger.complete(done, owner=other, status=Status.COMPLETED, result="r", now=NOW)
+        assert ledger.complete(done, owner=owner, status=Status.COMPLETED, result="r", now=NOW)
+        record = ledger.get(done)
+        assert record is not None and (record.status, record.owner, record.result) == (Status.COMPLETED, owner, "r")
+        assert ledger.release(released, owner=owner)
+        assert ledger.get(released) is None
+    client.close()
