@@ -522,7 +522,8 @@ async def test_a_renewal_in_flight_when_the_tool_ends_is_not_reported_lost(caplo
     assert len(ledger.renewal_contexts) == 1
     record = ledger.get(key)
     assert record is not None and record.status is Status.COMPLETED
-    assert not [r for r in caplog.records if "lease" in r.getMessage()]
+    # This call's records only: another test's lease may still be reported by the process-wide renewer.
+    assert not [r for r in caplog.records if "lease" in r.getMessage() and key.thread_id in r.getMessage()]
 
 
 async def test_renewals_do_not_run_in_another_calls_context() -> None:
