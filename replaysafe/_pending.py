@@ -63,6 +63,11 @@ class PendingWrites:
         with self._lock:
             return len(self._writes)
 
+    def waiting_for(self, ledger: Any) -> int:
+        """How many of the waiting writes are to ``ledger``."""
+        with self._lock:
+            return sum(1 for write in self._writes if write.ledger is ledger)
+
     def _run(self) -> None:
         # Rounds until every write is made or given up; the pause between two rounds
         # grows while the ledger stays down, and starts short again after progress.

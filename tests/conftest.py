@@ -8,6 +8,7 @@ have a ``<backend>_url`` fixture giving that URL.
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 import warnings
@@ -202,3 +203,16 @@ def ids() -> replaysafe.tool_call:
 def pytest_configure(config: pytest.Config) -> None:
     # Tests assert on replaysafe's own warnings; anything else is an error (pyproject).
     warnings.filterwarnings("default", category=ResourceWarning)
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after() -> Iterator[None]:
+    """Collect garbage as each test ends, while warnings are still errors.
+
+    A connection or socket left open and caught in a reference cycle warns when it is
+    collected, which is otherwise whenever the collector next runs: in a later test,
+    which would then fail in its place. Collected here, the test that left it fails.
+    (Named to sort before the fixture that resets global state, so it ends after it.)
+    """
+    yield
+    gc.collect()

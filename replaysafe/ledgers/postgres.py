@@ -474,7 +474,10 @@ class PostgresLedger(SqlLedger):
     def _run(self, step: Step | Any) -> Any:
         if type(step) is not Step:
             return step
-        held = self._pool.get()
+        # Given back to the pool it came from: close() may replace self._pool meanwhile,
+        # and the closed pool then closes it (the new one would keep it open for good).
+        pool = self._pool
+        held = pool.get()
         conn, cursor = held[0], held[1]
         token, deadline = watchdog.arm(conn.fileno(), self._cut_after)
         try:
@@ -492,7 +495,7 @@ class PostgresLedger(SqlLedger):
             raise
         finally:
             watchdog.disarm(token)
-            self._pool.put(held)
+            pool.put(held)
 
     def _forget_parent(self) -> None:
         super()._forget_parent()

@@ -1020,7 +1020,13 @@ class RedisLedger(StoredLedger):
             self._held.close()
         self._held = None
         if self._client is not None and self._owns_client:
-            if not self.cluster:
+            if self.cluster:
+                # RedisCluster.close() gives each node's connection back to its pool and
+                # leaves them open (redis-py 8): disconnect every node's pool.
+                for node in self._client.get_nodes():
+                    if node.redis_connection is not None:
+                        node.redis_connection.connection_pool.disconnect()
+            else:
                 self._client.connection_pool.disconnect()
             self._client.close()
             self._client = None

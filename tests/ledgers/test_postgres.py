@@ -420,6 +420,33 @@ def test_pool_size_bounds_the_connections_a_ledger_holds(postgres_url: str) -> N
         assert 1 <= len(pids) <= 2
 
 
+def test_a_connection_in_use_when_the_ledger_closes_is_closed_when_given_back(postgres_url: str) -> None:
+    """close() while a statement runs: that connection is closed when it comes back, never kept open."""
+    ledger = PostgresLedger(postgres_url)
+    started = threading.Event()
+    used: list[psycopg.Connection[object]] = []
+
+    sleeper = Step("SELECT pg_sleep(0.3)", (), lambda rows, count: None, False)
+    original = ledger._pool.get
+
+    def get() -> object:
+        held = original()
+        used.append(held[0])
+        started.set()
+        return held
+
+    ledger._pool.get = get  # type: ignore[method-assign]
+    worker = threading.Thread(target=ledger.run, args=(sleeper,))
+    worker.start()
+    assert started.wait(10)
+    ledger.close()  # the statement still has 0.3 s to run on used[0]
+    worker.join(10)
+    assert not worker.is_alive()
+    assert used[0].closed, "the connection came back after close() and was kept open"
+    assert ledger._pool._conns == []  # nor put into the pool a later use opens
+    ledger.close()
+
+
 @pytest.mark.parametrize("size", [0, -1, 1.5, True])
 def test_pool_size_must_be_a_positive_count(postgres_url: str, size: object) -> None:
     with pytest.raises(ValueError, match="pool_size must be a positive number of connections"):

@@ -190,6 +190,7 @@ def test_a_shared_sync_client_is_used_and_left_open(redis_url: str) -> None:
     assert client.ping()
     stored = ledger.get(key)  # through the shared client, still open
     assert stored is not None and stored.status is Status.COMPLETED
+    ledger.close()  # the read above reopened the ledger's own connection
     client.close()
 
 

@@ -154,3 +154,42 @@ def test_a_protected_tool_runs_once_on_the_cluster(ledger_url: str) -> None:
         asyncio.run(twice())
         assert runs == ["42"] * 3 + ["7"]
         ledger.check()
+
+
+def _connections_named(url: str, name: str) -> int:
+    """How many connections named ``name`` the nodes of the cluster at ``url`` have open (the probe's own aside)."""
+    probe = redis.cluster.RedisCluster.from_url(url.partition("?")[0])
+    try:
+        per_node = probe.client_list(target_nodes=redis.cluster.RedisCluster.ALL_NODES)
+        return sum(1 for entries in per_node.values() for entry in entries if entry["name"] == name)
+    finally:
+        for node in probe.get_nodes():
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
+        probe.close()
+
+
+def test_close_closes_the_connections_to_every_node(ledger_url: str) -> None:
+    """A ledger that opened its cluster client closes every node's connections, scripts loaded on all."""
+    name = f"rs-close-{uuid.uuid4().hex[:8]}"
+    url = with_query(ledger_url, client_name=name)
+    with RedisLedger(url) as ledger:
+        for n in range(12):  # keys on every primary; the first claim loads the scripts on each
+            assert claim(ledger, CallKey(f"thread-{n}", "m", "c"))
+        assert _connections_named(url, name) >= 3
+    assert _connections_named(url, name) == 0
+
+
+async def test_aclose_closes_the_async_connections_to_every_node(ledger_url: str) -> None:
+    """The same for the connections ``.aio`` opened in this event loop."""
+    name = f"rs-aclose-{uuid.uuid4().hex[:8]}"
+    url = with_query(ledger_url, client_name=name)
+    async with RedisLedger(url) as ledger:
+        for n in range(12):
+            key = CallKey(f"thread-{n}", "m", "c")
+            found = await ledger.aio.claim(
+                key, tool_name="t", args_digest="d", owner="o", now=NOW, lease_expires_at=LEASE
+            )
+            assert found.claimed
+        assert _connections_named(url, name) >= 3
+    assert _connections_named(url, name) == 0

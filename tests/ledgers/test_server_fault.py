@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from replaysafe import CallKey, LedgerError, ReplaySafeError, Status, open_ledger, replay_safe, tool_call
+from replaysafe._pending import pending_writes
 from replaysafe.ledgers import RetryPolicy
 
 from ..servers import PostgresServer, RedisServer
@@ -93,4 +94,10 @@ def test_a_two_second_outage_loses_and_duplicates_nothing(server: Any) -> None:
     records = ledger.get_many([CallKey(thread, f"msg_{n}", "call_1") for n in range(KEYS)])
     assert len(records) == KEYS
     assert {r.status for r in records.values()} == {Status.COMPLETED}
+    # Writes deferred during the outage are made in the background once the server is back;
+    # wait for them: one made after close() would reopen the ledger's connections.
+    deadline = time.monotonic() + 30
+    while pending_writes.waiting_for(ledger) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pending_writes.waiting_for(ledger) == 0
     ledger.close()
