@@ -33,6 +33,8 @@ class _Write:
     ledger: Any
     tool_name: str
     since: float
+    #: The ledger's count of ``close()`` calls when the write was kept (see ``_settled``).
+    closes: int
 
 
 class PendingWrites:
@@ -53,7 +55,7 @@ class PendingWrites:
             if len(self._writes) >= MAX_PENDING:
                 dropped = self._writes.pop(0)
                 _give_up(dropped, "too many writes are waiting")
-            self._writes.append(_Write(effect, ledger, tool_name, time.monotonic()))
+            self._writes.append(_Write(effect, ledger, tool_name, time.monotonic(), _closes(ledger)))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="replaysafe-pending-writes", daemon=True)
                 self._thread.start()
@@ -94,14 +96,14 @@ class PendingWrites:
         for write in writes:
             if time.monotonic() - write.since > MAX_AGE:
                 _give_up(write, f"the ledger did not answer for {MAX_AGE:g}s")
-                self._forget(write)
+                self._settled(write)
                 continue
             try:
                 written = CALLS[type(write.effect)](write.ledger, write.effect)
             except Exception:
                 continue  # still down: try again after a pause
             progress = True
-            self._forget(write)
+            self._settled(write)
             logger.warning(
                 "%s: a %s kept for later (it had failed or been interrupted) is written now%s",
                 describe(write.tool_name, write.effect.key),
@@ -111,10 +113,30 @@ class PendingWrites:
         if writes and not progress:
             raise NoWriteMadeError
 
-    def _forget(self, write: _Write) -> None:
+    def _settled(self, write: _Write) -> None:
+        """Forget a write made or given up. If its ledger was closed since the write was kept
+        and no other write waits for it, close it again: the write reopened its connections
+        (a ledger reopens when used), which its owner, done with it, would otherwise leave open."""
         with self._lock:
             if write in self._writes:
                 self._writes.remove(write)
+            reclose = _closes(write.ledger) != write.closes and not any(
+                other.ledger is write.ledger for other in self._writes
+            )
+        if reclose:
+            try:
+                write.ledger.close()
+            except Exception:  # closing is best effort: the write itself is made
+                logger.exception(
+                    "%s: the write is made, but the ledger it reopened could not be closed again "
+                    "(its connections close when it is collected)",
+                    describe(write.tool_name, write.effect.key),
+                )
+
+
+def _closes(ledger: Any) -> int:
+    """How many times ``ledger`` was closed (0 for a ledger of the application's own that does not count)."""
+    return getattr(ledger, "_closes", 0)
 
 
 def _give_up(write: _Write, why: str) -> None:

@@ -177,12 +177,18 @@ def memory_ledger() -> MemoryLedger:
 
 @pytest.fixture(autouse=True)
 def _isolate_global_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No test sees another's default ledger, timeouts, env vars or once-per-process warnings."""
+    """No test sees another's default ledger, timeouts, env vars or once-per-process warnings.
+
+    Garbage is collected as each test ends, while warnings are still errors: a connection
+    left open in a reference cycle warns when it is collected, otherwise whenever the
+    collector next runs, in a later test that would fail in its place.
+    """
     monkeypatch.delenv("REPLAYSAFE_LEDGER_URL", raising=False)
     monkeypatch.delenv("REPLAYSAFE_DISABLED", raising=False)
     replaysafe.testing.reset()
     yield
     replaysafe.testing.reset()
+    gc.collect()
 
 
 @pytest.fixture
@@ -203,16 +209,3 @@ def ids() -> replaysafe.tool_call:
 def pytest_configure(config: pytest.Config) -> None:
     # Tests assert on replaysafe's own warnings; anything else is an error (pyproject).
     warnings.filterwarnings("default", category=ResourceWarning)
-
-
-@pytest.fixture(autouse=True)
-def _collect_garbage_after() -> Iterator[None]:
-    """Collect garbage as each test ends, while warnings are still errors.
-
-    A connection or socket left open and caught in a reference cycle warns when it is
-    collected, which is otherwise whenever the collector next runs: in a later test,
-    which would then fail in its place. Collected here, the test that left it fails.
-    (Named to sort before the fixture that resets global state, so it ends after it.)
-    """
-    yield
-    gc.collect()

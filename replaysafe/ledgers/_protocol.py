@@ -329,6 +329,8 @@ class LedgerBase:
         self.retry = retry or RetryPolicy()
         self.sealer = Sealer.from_setting(signing_key)
         self._aio: AsyncLedger | None = None
+        #: How many times ``close()`` ran: a write made in the background after it closes again.
+        self._closes = 0
 
     def _forget_parent(self) -> None:
         """In a forked child: replace what the parent's threads may hold (a lock) and what its
@@ -342,7 +344,10 @@ class LedgerBase:
         return self._aio
 
     def close(self) -> None:
-        """Release the ledger's resources; it reopens lazily if used again."""
+        """Release the ledger's resources; it reopens lazily if used again.
+
+        A backend's ``close()`` calls this one last."""
+        self._closes += 1
 
     def resolve(
         self: Any,

@@ -386,10 +386,13 @@ class SqlLedger(StoredLedger):
             self._engine.dispose(close=False)
 
     def close(self) -> None:
-        if self._engine is not None and self._owns_engine:
-            self._engine.dispose()
+        engine = self._engine
+        if engine is not None and self._owns_engine:
+            # Dropped first: an operation in flight then sees the pool is gone (SQLite's _run).
             self._engine = None
             self._schema_ready = False
+            engine.dispose()
+        super().close()
 
     # --- the protocol (``StoredLedger``): each operation is ``ops``' step, run by the backend ----
 

@@ -1030,6 +1030,7 @@ class RedisLedger(StoredLedger):
                 self._client.connection_pool.disconnect()
             self._client.close()
             self._client = None
+        super().close()
 
     def _forget_parent(self) -> None:
         """In a forked child: connect afresh. A socket shared with the parent would mix
@@ -1178,6 +1179,13 @@ class _LoopClient:
         if loop.is_closed():
             return
         if loop.is_running():
-            self._keep(loop.create_task(self.aclose()))
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if here is loop:
+                self._keep(loop.create_task(self.aclose()))
+            else:  # a loop running in another thread: only a thread-safe hand-over wakes it
+                asyncio.run_coroutine_threadsafe(self.aclose(), loop)
         else:
             loop.run_until_complete(self.aclose())

@@ -131,7 +131,8 @@ class SqliteLedger(SqlLedger):
     def _run(self, step: Step | Any) -> Any:
         if type(step) is not Step:
             return step
-        connection = self.engine.raw_connection()
+        pool = self.engine.pool
+        connection = pool.connect()
         try:
             cursor = connection.cursor()
             try:
@@ -144,6 +145,11 @@ class SqliteLedger(SqlLedger):
                 cursor.close()
         finally:
             connection.close()  # back to the pool
+            # close() drops the engine before disposing of its pool: if it has begun, this
+            # connection may have come back after the pool closed its idle ones; close it.
+            engine = self._engine
+            if engine is None or engine.pool is not pool:
+                pool.dispose()
 
 
 class SqliteOperations(Operations):

@@ -1,4 +1,4 @@
-"""What only the PostgreSQL ledger (and, for expiry, the other SQL one) has to prove."""
+"""What only the PostgreSQL ledger (and, for expiry and closing, the other SQL one) has to prove."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import threading
 import urllib.parse
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -16,7 +17,7 @@ import sqlalchemy as sa
 from freezegun import freeze_time
 
 import replaysafe
-from replaysafe import CallKey, LedgerError, PostgresLedger, Status, replay_safe, tool_call
+from replaysafe import CallKey, LedgerError, PostgresLedger, SqliteLedger, Status, replay_safe, tool_call
 from replaysafe.ledgers._sql import Step
 from replaysafe.ledgers.postgres import _psycopg_url
 
@@ -420,31 +421,47 @@ def test_pool_size_bounds_the_connections_a_ledger_holds(postgres_url: str) -> N
         assert 1 <= len(pids) <= 2
 
 
-def test_a_connection_in_use_when_the_ledger_closes_is_closed_when_given_back(postgres_url: str) -> None:
-    """close() while a statement runs: that connection is closed when it comes back, never kept open."""
-    ledger = PostgresLedger(postgres_url)
-    started = threading.Event()
-    used: list[psycopg.Connection[object]] = []
+def _close_while_an_operation_runs(ledger: PostgresLedger | SqliteLedger) -> None:
+    """Run an operation in a thread, close the ledger while it holds its connection, let it finish."""
+    in_use, closed = threading.Event(), threading.Event()
 
-    sleeper = Step("SELECT pg_sleep(0.3)", (), lambda rows, count: None, False)
+    def read_once_closed(rows: object, count: int) -> None:
+        in_use.set()
+        assert closed.wait(10)
+
+    worker = threading.Thread(target=ledger.run, args=(Step("SELECT 1", (), read_once_closed, False),))
+    worker.start()
+    assert in_use.wait(10)
+    ledger.close()
+    closed.set()
+    worker.join(10)
+    assert not worker.is_alive()
+
+
+def test_a_connection_in_use_when_the_ledger_closes_is_closed_when_given_back(postgres_url: str) -> None:
+    """close() while an operation holds a connection: it is closed when it comes back, never kept open."""
+    ledger = PostgresLedger(postgres_url)
+    used: list[psycopg.Connection[object]] = []
     original = ledger._pool.get
 
     def get() -> object:
         held = original()
         used.append(held[0])
-        started.set()
         return held
 
     ledger._pool.get = get  # type: ignore[method-assign]
-    worker = threading.Thread(target=ledger.run, args=(sleeper,))
-    worker.start()
-    assert started.wait(10)
-    ledger.close()  # the statement still has 0.3 s to run on used[0]
-    worker.join(10)
-    assert not worker.is_alive()
+    _close_while_an_operation_runs(ledger)
     assert used[0].closed, "the connection came back after close() and was kept open"
     assert ledger._pool._conns == []  # nor put into the pool a later use opens
     ledger.close()
+
+
+def test_a_sqlite_connection_in_use_when_the_ledger_closes_is_closed_when_given_back(tmp_path: Path) -> None:
+    """The same on SQLite: not left idle in the pool close() disposed of (open until collected)."""
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    pool = ledger.engine.pool
+    _close_while_an_operation_runs(ledger)
+    assert pool.checkedin() == 0, "the connection came back after close() and was kept open"
 
 
 @pytest.mark.parametrize("size", [0, -1, 1.5, True])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +16,8 @@ import redis.asyncio
 
 import replaysafe
 from replaysafe import CallKey, RedisLedger, Status
+
+from ..servers import with_query
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
 LEASE = NOW + dt.timedelta(minutes=5)
@@ -355,3 +359,31 @@ def test_a_non_ascii_owner_holds_its_claim_whatever_the_clients_encoding(redis_u
         assert ledger.release(released, owner=owner)
         assert ledger.get(released) is None
     client.close()
+
+
+def test_close_from_another_thread_closes_the_connections_of_a_running_loop(redis_url: str) -> None:
+    """close() called outside the thread whose event loop ``.aio`` used: that loop closes them soon."""
+    name = f"rs-close-{uuid.uuid4().hex[:8]}"
+    ledger = RedisLedger(with_query(redis_url, client_name=name))
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever)
+    runner.start()
+    probe = redis.Redis.from_url(redis_url.partition("?")[0])
+
+    def named() -> int:
+        return sum(1 for entry in probe.client_list() if entry["name"] == name)
+
+    try:
+        key = CallKey("t", "m", "c")
+        asyncio.run_coroutine_threadsafe(ledger.aio.get(key), loop).result(10)
+        assert named() >= 1
+        ledger.close()
+        deadline = time.monotonic() + 2
+        while named() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert named() == 0, "the loop's connections stayed open"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(10)
+        loop.close()
+        probe.close()
