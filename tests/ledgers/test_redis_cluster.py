@@ -133,6 +133,9 @@ async def test_async_on_a_cluster_client_of_each_flavour(ledger_url: str) -> Non
         assert given_sync.ping()
     finally:
         await given_async.aclose()
+        for node in given_sync.get_nodes():  # RedisCluster.close() leaves the nodes' pools open (redis-py 8)
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect()
         given_sync.close()
 
 
