@@ -62,6 +62,14 @@ def _threads_on_every_primary(client: redis.cluster.RedisCluster, ledger: RedisL
     raise AssertionError("no thread id found for every primary")
 
 
+def _close_cluster_client(client: redis.cluster.RedisCluster) -> None:
+    """Close a test's own sync cluster client: RedisCluster.close() leaves the nodes' pools open (redis-py 8)."""
+    for node in client.get_nodes():
+        if node.redis_connection is not None:
+            node.redis_connection.connection_pool.disconnect()
+    client.close()
+
+
 def claim(ledger: RedisLedger, key: CallKey, owner: str = "o#1") -> bool:
     return ledger.claim(key, tool_name="t", args_digest="d", owner=owner, now=NOW, lease_expires_at=LEASE).claimed
 
@@ -133,10 +141,7 @@ async def test_async_on_a_cluster_client_of_each_flavour(ledger_url: str) -> Non
         assert given_sync.ping()
     finally:
         await given_async.aclose()
-        for node in given_sync.get_nodes():  # RedisCluster.close() leaves the nodes' pools open (redis-py 8)
-            if node.redis_connection is not None:
-                node.redis_connection.connection_pool.disconnect()
-        given_sync.close()
+        _close_cluster_client(given_sync)
 
 
 def test_a_protected_tool_runs_once_on_the_cluster(ledger_url: str) -> None:
@@ -167,10 +172,7 @@ def _connections_named(url: str, name: str) -> int:
         per_node = probe.client_list(target_nodes=redis.cluster.RedisCluster.ALL_NODES)
         return sum(1 for entries in per_node.values() for entry in entries if entry["name"] == name)
     finally:
-        for node in probe.get_nodes():
-            if node.redis_connection is not None:
-                node.redis_connection.connection_pool.disconnect()
-        probe.close()
+        _close_cluster_client(probe)
 
 
 def _no_connection_named(url: str, name: str) -> bool:
