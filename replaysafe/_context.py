@@ -10,7 +10,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ._constants import NODE_TIMEOUT
-from ._keys import reserved_id
+from ._keys import RESERVED_PREFIX, reserved_id
 from ._records import CallKey, new_tuple
 
 if TYPE_CHECKING:
@@ -188,11 +188,18 @@ def _check_id(name: str, value: object) -> str:
 
 
 def _call_key(thread_id: object, message_id: object, tool_call_id: object) -> CallKey:
-    """The key of ``tool_call``'s three ids, each checked by ``_check_id``."""
+    """The key of ``tool_call``'s three ids, each checked by ``_check_id`` and none reserved (``reserved_id``)."""
     if type(thread_id) is str and type(message_id) is str and type(tool_call_id) is str:
-        # The common ids, checked at once: short ASCII text without NUL (so each passes _check_id).
+        # The common ids, checked at once: short ASCII text without NUL (so each passes _check_id),
+        # and without a '>' or the reserved prefix, one of which every reserved id holds (so none is reserved).
         joined = thread_id + message_id + tool_call_id
-        if len(joined) <= MAX_ID_BYTES and joined.isascii() and "\x00" not in joined:
+        if (
+            len(joined) <= MAX_ID_BYTES
+            and joined.isascii()
+            and "\x00" not in joined
+            and ">" not in joined
+            and RESERVED_PREFIX not in joined
+        ):
             return new_tuple(CallKey, (thread_id, message_id, tool_call_id))  # type: ignore[no-any-return]
     key: CallKey = new_tuple(
         CallKey,
@@ -202,6 +209,12 @@ def _call_key(thread_id: object, message_id: object, tool_call_id: object) -> Ca
             _check_id("tool_call_id", tool_call_id),
         ),
     )
+    reserved = reserved_id(key)
+    if reserved is not None:
+        from ._errors import InvalidCallIdError
+
+        field, why = reserved
+        raise InvalidCallIdError(f"tool_call(): {field} {getattr(key, field)[:80]!r} {why}")
     return key
 
 
@@ -282,12 +295,6 @@ class tool_call(_Scoped):  # noqa: N801 - used like a function: `with tool_call(
     ) -> None:
         self._tokens = []
         key = _call_key(thread_id, message_id, tool_call_id)
-        reserved = reserved_id(key)
-        if reserved is not None:
-            from ._errors import InvalidCallIdError
-
-            field, why = reserved
-            raise InvalidCallIdError(f"tool_call(): {field} {getattr(key, field)[:80]!r} {why}")
         self.scope = new_tuple(
             CallScope,
             (

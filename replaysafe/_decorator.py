@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -217,8 +218,10 @@ class _Tool:
         hard = tool_timeout is not None and tool_timeout is not UNSET
         if tool_timeout is UNSET:
             tool_timeout = _constants.TOOL_TIMEOUT
-        deadline = node.deadline if node is not None else None
-        hard = hard or (deadline is not None and node is not None and node.deadline_given)
+        if node is None:
+            return tool_timeout, hard  # no node deadline to shorten it (and a set timeout is > 0, or None)
+        deadline = node.deadline
+        hard = hard or (deadline is not None and node.deadline_given)
         timeout = effective_timeout(tool_timeout, deadline, time.monotonic)
         if timeout is not None and timeout <= 0:
             message = (
@@ -242,7 +245,7 @@ class _Tool:
             f"{_constants.LEDGER_URL_ENV}."
         )
         emit(EventKind.UNPROTECTED, message, tool_name=name, key=None, level=10)
-        warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
+        warnings.warn(message, UnprotectedCallWarning, stacklevel=_callers_level())
 
     def _missing_ids(self, scope: CallScope | None, needed: str = "") -> None:
         key = scope.key if scope is not None else None
@@ -258,7 +261,7 @@ class _Tool:
         emit(EventKind.UNPROTECTED, message, tool_name=self.spec.name, key=key, level=10)
         if self.warned_missing != _config.generation:
             self.warned_missing = _config.generation
-            warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
+            warnings.warn(message, UnprotectedCallWarning, stacklevel=_callers_level())
 
 
 class _Binder:
@@ -316,6 +319,15 @@ class _Binder:
         return arguments if self.required <= arguments.keys() else None
 
 
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside this module: the line that called the tool
+    (through wrapt's proxy, which adds no frame, or through this module's closure, which does)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _count_unprotected(tool_name: str, why: str) -> None:
     """Every unprotected call is an event (metrics count them); the warning is said only once."""
     if wanted(EventKind.UNPROTECTED):
@@ -334,7 +346,7 @@ def _warn_disabled(tool_name: str) -> None:
             f"tool bodies; unset {_constants.DISABLED_ENV} anywhere side effects matter."
         )
         emit(EventKind.UNPROTECTED, message, tool_name=tool_name, key=None, level=30)
-        warnings.warn(message, UnprotectedCallWarning, stacklevel=4)
+        warnings.warn(message, UnprotectedCallWarning, stacklevel=_callers_level())
 
 
 @overload
@@ -471,27 +483,55 @@ def replay_safe(
 
     if inspect.iscoroutinefunction(function):
 
-        @wrapt.decorator
         async def protect_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             plan = tool.plan(instance, args, kwargs)
             if plan is None:
                 return await wrapped(*args, **kwargs)
             return await adrive(*start(replay, spec, plan, wrapped, args, kwargs))
 
-        return _marked(protect_async(func), tool)
+        if _is_plain_function(func):
 
-    @wrapt.decorator
+            @functools.wraps(function)
+            async def call_async(*args: Any, **kwargs: Any) -> Any:
+                return await protect_async(function, None, args, kwargs)
+
+            return _marked(call_async, tool)
+        return _marked(wrapt.decorator(protect_async)(func), tool)
+
     def protect(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         plan = tool.plan(instance, args, kwargs)
         if plan is None:
             return wrapped(*args, **kwargs)
         return drive(*start(replay, spec, plan, wrapped, args, kwargs))
 
-    return _marked(protect(func), tool)
+    if _is_plain_function(func):
+
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return protect(function, None, args, kwargs)
+
+        return _marked(call, tool)
+    return _marked(wrapt.decorator(protect)(func), tool)
+
+
+def _is_plain_function(func: Any) -> bool:
+    """Whether ``func`` is a function defined outside any class body (module level, or inside a function).
+
+    Such a function is wrapped in a plain closure: it is never called with a receiver to
+    leave out of its arguments, and a closure costs about 4,000 fewer instructions per call
+    than wrapt's proxy (which also looks up a ``__self__`` the function lacks, raising and
+    clearing an AttributeError each time). A method, a ``staticmethod`` or ``classmethod``
+    object, or a callable object keeps wrapt's proxy, which binds like the function it wraps.
+    """
+    if not inspect.isfunction(func):
+        return False
+    owner = func.__qualname__.rpartition(".")[0]
+    return not owner or owner.endswith("<locals>")
 
 
 def _marked(wrapper: Any, tool: _Tool) -> Any:
-    # A _self_ attribute lives on wrapt's proxy itself, not on the wrapped function.
+    # On wrapt's proxy a _self_ attribute lives on the proxy itself, not on the wrapped function;
+    # on a closure, on the closure (functools.wraps gave it a copy of the function's __dict__).
     wrapper._self_replaysafe_tool = tool
     return wrapper
 

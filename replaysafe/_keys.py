@@ -14,10 +14,13 @@ from ._errors import ArgumentDigestError, InvalidCallIdError
 from ._identity import args_digest
 from ._records import CallKey
 
+#: What the reserved thread and message ids start with (``tool_call`` skips ``reserved_id`` for ids without it
+#: and without a ``>``).
+RESERVED_PREFIX = "replaysafe:"
 #: The message id of calls keyed by ``key="args"`` (thread id, tool name, argument digest).
-ARGS_MESSAGE_ID = "replaysafe:args"
+ARGS_MESSAGE_ID = RESERVED_PREFIX + "args"
 #: The thread id of calls keyed by a business key: scoped to the tool, across threads.
-BUSINESS_THREAD_ID = "replaysafe:key"
+BUSINESS_THREAD_ID = RESERVED_PREFIX + "key"
 # A step's call id: its parent's, then ">" the step's tool name "#" its ordinal.
 _STEP_SUFFIX = re.compile(r"#([1-9][0-9]*)\Z")
 # Any id of that form, whatever the tool's name: a call of its own under it could share a step's record.

@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from replaysafe import (
     CallKey,
@@ -20,7 +22,7 @@ from replaysafe import (
     replay_safe,
     tool_call,
 )
-from replaysafe._keys import ARGS_MESSAGE_ID, BUSINESS_THREAD_ID, reserved_id
+from replaysafe._keys import ARGS_MESSAGE_ID, BUSINESS_THREAD_ID, RESERVED_PREFIX, reserved_id
 
 
 def new_thread() -> str:
@@ -233,3 +235,24 @@ def test_a_step_named_with_a_final_gt_or_a_hash_runs_and_replays(ledger: Ledger,
     assert ran == ["o1"]
     record = ledger.get(CallKey(thread, "m", f"a>{step_name}#1"))
     assert record is not None and record.tool_name == step_name
+
+
+_ids = st.one_of(
+    st.sampled_from(["t1", "msg_1", "call_1", ARGS_MESSAGE_ID, BUSINESS_THREAD_ID, "call_1>charge#1", "a>b", "x#2"]),
+    st.text(alphabet="ab>#12:replaysfe", max_size=20),
+)
+
+
+@given(_ids, _ids, _ids)
+def test_tool_call_refuses_exactly_the_ids_reserved_id_names(thread: str, message: str, call: str) -> None:
+    """``tool_call`` checks the common ids at once and skips ``reserved_id`` for those holding neither a ``>``
+    nor the reserved prefix: that shortcut must refuse exactly what ``reserved_id`` refuses."""
+    reserved = reserved_id(CallKey(thread, message, call)) is not None
+    if reserved:
+        assert ">" in call or RESERVED_PREFIX in thread + message
+    try:
+        tool_call(thread, message, call)
+    except InvalidCallIdError:
+        assert reserved
+    else:
+        assert not reserved
