@@ -6,6 +6,7 @@ import functools
 import inspect
 import sys
 import time
+import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, overload
@@ -322,7 +323,8 @@ class _Binder:
 def _callers_level() -> int:
     """The ``stacklevel`` of the first frame outside this module: the line that called the tool
     (through wrapt's proxy, which adds no frame, or through this module's closure, which does)."""
-    frame, level = sys._getframe(1), 1
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_code.co_filename == __file__:
         frame, level = frame.f_back, level + 1
     return level
