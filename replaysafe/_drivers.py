@@ -124,7 +124,7 @@ async def adrive(protocol: Generator[Effect, Any, Any], driving: Driving) -> Any
             raise exc.original from None
         try:
             if type(effect) in inline:
-                send, error = perform(effect, driving), None
+                send, error = perform(effect, driving), None  # type: ignore[arg-type]  # a LedgerOp: in _INLINE
             else:
                 send, error = await _ASYNC[type(effect)](effect, driving), None
         except BaseException as exc:
