@@ -13,6 +13,7 @@ from replaysafe import (
     MemoryLedger,
     current_call,
     current_call_or_none,
+    is_replay_safe,
     replay_safe,
     tool_call,
 )
@@ -282,3 +283,37 @@ def test_from_config_accepts_non_string_thread_ids() -> None:
     scope = tool_call.from_config({"configurable": {"thread_id": thread}}, message_id="m", tool_call_id="c").scope
     assert scope.key.thread_id == str(thread)
     assert tool_call.from_config({"thread_id": 7}, message_id="m", tool_call_id="c").scope.key.thread_id == "7"
+
+
+_module_level_runs: list[str] = []
+
+
+@replay_safe(ledger=MemoryLedger())
+def module_level_refund(order_id: str) -> str:
+    """Refund an order (a tool defined at module level)."""
+    _module_level_runs.append(order_id)
+    return f"refunded {order_id}"
+
+
+def test_a_function_outside_a_class_is_wrapped_in_an_ordinary_function() -> None:
+    """A tool defined outside any class body is an ordinary function (no proxy): frameworks that check
+    for functions see one, it pickles by reference, and it still replays what it recorded."""
+    import pickle
+    import types
+
+    assert type(module_level_refund) is types.FunctionType
+    assert is_replay_safe(module_level_refund)
+    assert pickle.loads(pickle.dumps(module_level_refund)) is module_level_refund
+    key, runs = ids(), len(_module_level_runs)
+    for _ in range(2):  # the same key twice: the second call replays
+        with tool_call(*key):
+            assert module_level_refund("o1") == "refunded o1"
+    assert len(_module_level_runs) == runs + 1
+
+    class Refunds:
+        @replay_safe
+        def refund(self, order_id: str) -> str:
+            return order_id
+
+    # A method keeps wrapt's proxy: called through an instance, its receiver is left out of the digest.
+    assert type(Refunds.__dict__["refund"]) is not types.FunctionType
