@@ -8,7 +8,6 @@ import datetime as dt
 import decimal
 import enum
 import hashlib
-import importlib
 import json.encoder
 import math
 import uuid
@@ -18,23 +17,6 @@ from typing import Any
 
 from ._errors import ArgumentDigestError
 from ._json import JSON_SCALARS, TAG_KEY, is_plain, json_encoder
-
-
-def _fastest_sha256() -> Callable[[bytes], Any]:
-    """CPython's own SHA-256 where the build has it (``_sha2``, ``_sha256`` before 3.12), else hashlib's.
-
-    The same digest as OpenSSL's, with about a quarter fewer instructions for the few dozen bytes of
-    a call's arguments: OpenSSL sets up a context for each hash object.
-    """
-    for name in ("_sha2", "_sha256"):
-        try:
-            return importlib.import_module(name).sha256  # type: ignore[no-any-return]
-        except (ImportError, AttributeError):
-            continue
-    return hashlib.sha256
-
-
-_new_sha256 = _fastest_sha256()
 
 # Canonical JSON: sorted keys, no whitespace, unicode kept as is. Equal data gives
 # equal bytes in every process, whatever the hash seed. Call keys and idempotency
@@ -194,8 +176,7 @@ def _sha256(text: str) -> str:
     except UnicodeEncodeError:
         # surrogatepass: a lone surrogate in an id or argument must digest, not crash.
         data = text.encode("utf-8", "surrogatepass")
-    digest: str = _new_sha256(data).hexdigest()
-    return digest
+    return hashlib.sha256(data).hexdigest()
 
 
 def args_digest(arguments: Mapping[str, Any], *, tool_name: str) -> str:
@@ -277,8 +258,7 @@ class SignatureDigest:
         if text is None:
             return None
         if text.isascii():  # the common text: its UTF-8 bytes are its ASCII bytes (no _sha256 frame)
-            digest: str = _new_sha256(text.encode("ascii")).hexdigest()
-            return digest
+            return hashlib.sha256(text.encode("ascii")).hexdigest()
         return _sha256(text)
 
     def text(self, arguments: dict[str, Any]) -> str | None:
