@@ -322,10 +322,11 @@ class _Binder:
 
 def _callers_level() -> int:
     """The ``stacklevel`` of the first frame outside this module: the line that called the tool
-    (through wrapt's proxy, which adds no frame, or through this module's closure, which does)."""
+    (through wrapt's proxy, which adds no frame, or through this module's closure, which does).
+    Told by the frame's module name: a file name would not match in an install without sources."""
     frame: types.FrameType | None = sys._getframe(1)
     level = 1
-    while frame is not None and frame.f_code.co_filename == __file__:
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
         frame, level = frame.f_back, level + 1
     return level
 
@@ -462,7 +463,9 @@ def replay_safe(
     )
     tool = _Tool(spec, ledger, timeout_setting(timeout, "timeout"), on_missing_ids, tuple(exclude_args), key, pauses)
 
-    # Sync, async, or streaming is chosen once, here, not on every call.
+    # Sync, async, or streaming is chosen once, here, not on every call. The frame that applied
+    # the decorator: @replay_safe's own, or, for @replay_safe(...), the one that called the partial.
+    plain = _is_plain_function(func, sys._getframe(1))
     if is_async_stream:
 
         @wrapt.decorator
@@ -491,7 +494,7 @@ def replay_safe(
                 return await wrapped(*args, **kwargs)
             return await adrive(*start(replay, spec, plan, wrapped, args, kwargs))
 
-        if _is_plain_function(func):
+        if plain:
 
             @functools.wraps(function)
             async def call_async(*args: Any, **kwargs: Any) -> Any:
@@ -506,7 +509,7 @@ def replay_safe(
             return wrapped(*args, **kwargs)
         return drive(*start(replay, spec, plan, wrapped, args, kwargs))
 
-    if _is_plain_function(func):
+    if plain:
 
         @functools.wraps(function)
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -516,19 +519,28 @@ def replay_safe(
     return _marked(wrapt.decorator(protect)(func), tool)
 
 
-def _is_plain_function(func: Any) -> bool:
-    """Whether ``func`` is a function defined outside any class body (module level, or inside a function).
+def _is_plain_function(func: Any, decorating: types.FrameType | None) -> bool:
+    """Whether ``func`` is a function that is not a method: one to wrap in a plain closure.
 
-    Such a function is wrapped in a plain closure: it is never called with a receiver to
-    leave out of its arguments, and a closure costs about 4,000 fewer instructions per call
-    than wrapt's proxy (which also looks up a ``__self__`` the function lacks, raising and
-    clearing an AttributeError each time). A method, a ``staticmethod`` or ``classmethod``
-    object, or a callable object keeps wrapt's proxy, which binds like the function it wraps.
+    A closure costs about 4,000 fewer instructions per call than wrapt's proxy (which also
+    looks up a ``__self__`` the function lacks, raising and clearing an AttributeError each
+    time), but it binds as a function: called through an instance, its receiver would be an
+    argument to digest. So wrapt's proxy, which binds like the function it wraps and hands the
+    receiver apart, is kept for anything that may be a method: a function whose qualified name
+    puts it in a class, one decorated in a class body (``decorating``, the frame that applied
+    ``@replay_safe``: a class body's namespace holds ``__qualname__``; this catches a method
+    under another decorator that did not copy its name), one whose first parameter is named
+    ``self`` or ``cls``, a ``staticmethod`` or ``classmethod`` object, and a callable object.
     """
     if not inspect.isfunction(func):
         return False
     owner = func.__qualname__.rpartition(".")[0]
-    return not owner or owner.endswith("<locals>")
+    if owner and not owner.endswith("<locals>"):
+        return False
+    if decorating is not None and "__qualname__" in decorating.f_locals and "__module__" in decorating.f_locals:
+        return False
+    first = next(iter(inspect.signature(func).parameters), None)
+    return first not in ("self", "cls")
 
 
 def _marked(wrapper: Any, tool: _Tool) -> Any:

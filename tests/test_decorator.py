@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -317,3 +319,42 @@ def test_a_function_outside_a_class_is_wrapped_in_an_ordinary_function() -> None
 
     # A method keeps wrapt's proxy: called through an instance, its receiver is left out of the digest.
     assert type(Refunds.__dict__["refund"]) is not types.FunctionType
+
+
+def _retried(function: Callable[[Any, str], str]) -> Callable[[Any, str], str]:
+    """A decorator that copies nothing of the function (no ``functools.wraps``)."""
+
+    def attempt(receiver: Any, order_id: str) -> str:  # not named self: only the class body tells
+        return function(receiver, order_id)
+
+    return attempt
+
+
+def test_a_method_under_a_decorator_that_hides_its_name_keeps_its_receiver_out(memory_ledger: MemoryLedger) -> None:
+    """A method wrapped first by a decorator without ``functools.wraps`` has a function's qualified name
+    (``_retried.<locals>.attempt``): decorated in a class body, it is still bound as a method, its
+    receiver left out of the digest, and it replays."""
+    runs: list[str] = []
+
+    class Billing:
+        @replay_safe(ledger=memory_ledger)
+        @_retried
+        def charge(self, order_id: str) -> str:
+            runs.append(order_id)
+            return f"charged {order_id}"
+
+    key = ids()
+    for billing in (Billing(), Billing()):  # another instance: the same call, replayed
+        with tool_call(*key):
+            assert billing.charge("o1") == "charged o1"
+    assert runs == ["o1"]
+
+
+def test_a_function_whose_first_parameter_is_self_keeps_wrapts_proxy() -> None:
+    """Defined outside a class but meant as a method (first parameter ``self``): bound like a method."""
+    import types
+
+    def refund(self: object, order_id: str) -> str:
+        return order_id
+
+    assert type(replay_safe(refund)) is not types.FunctionType
