@@ -90,6 +90,23 @@ class Driving(NamedTuple):
 # --- the loops ------------------------------------------------------------------------
 
 
+class _Finished(NamedTuple):
+    value: Any
+
+
+def _advance(protocol: Generator[Effect, Any, Any], send: Any, error: BaseException | None) -> Any:
+    """The protocol's next effect, given the last one's outcome; ``_Finished`` once it returned.
+
+    (Not the ``StopIteration`` itself: its traceback would hold this frame in a cycle
+    left to the garbage collector, which costs more than this tuple.)"""
+    try:
+        return protocol.send(send) if error is None else protocol.throw(error)
+    except StopIteration as stop:
+        return new_tuple(_Finished, (stop.value,))
+    except ToolExit as exc:
+        raise exc.original from None
+
+
 def _thrown(exc: BaseException) -> BaseException:
     # The protocol's own GeneratorExit means "closed": a tool's is carried as ToolExit.
     return ToolExit(exc) if isinstance(exc, GeneratorExit) else exc
@@ -97,17 +114,12 @@ def _thrown(exc: BaseException) -> BaseException:
 
 def drive(protocol: Generator[Effect, Any, Any], driving: Driving) -> Any:
     send, error = None, None
-    while True:
-        try:  # the protocol's next effect, given the last one's outcome
-            effect = protocol.send(send) if error is None else protocol.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        except ToolExit as exc:
-            raise exc.original from None
+    while type(effect := _advance(protocol, send, error)) is not _Finished:
         try:
             send, error = _SYNC[type(effect)](effect, driving), None
         except BaseException as exc:
             send, error = None, _thrown(exc)
+    return effect.value
 
 
 async def adrive(protocol: Generator[Effect, Any, Any], driving: Driving) -> Any:
@@ -115,20 +127,15 @@ async def adrive(protocol: Generator[Effect, Any, Any], driving: Driving) -> Any
     # performed as the sync driver does: nothing to shield, no coroutine to make and await.
     inline = _INLINE if not getattr(driving.ledger, "blocking_io", True) else _NONE_INLINE
     send, error = None, None
-    while True:
-        try:
-            effect = protocol.send(send) if error is None else protocol.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        except ToolExit as exc:
-            raise exc.original from None
+    while type(effect := _advance(protocol, send, error)) is not _Finished:
         try:
             if type(effect) in inline:
-                send, error = perform(effect, driving), None  # type: ignore[arg-type]  # a LedgerOp: in _INLINE
+                send, error = perform(effect, driving), None
             else:
                 send, error = await _ASYNC[type(effect)](effect, driving), None
         except BaseException as exc:
             send, error = None, _thrown(exc)
+    return effect.value
 
 
 # --- sync effects -----------------------------------------------------------------------

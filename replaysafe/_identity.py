@@ -255,11 +255,7 @@ class SignatureDigest:
         when a value is not of the common shapes (then the bound mapping goes to ``__call__``)."""
         heads = self._by_position
         text = None if heads is None else _joined(heads, values)
-        if text is None:
-            return None
-        if text.isascii():  # the common text: its UTF-8 bytes are its ASCII bytes (no _sha256 frame)
-            return hashlib.sha256(text.encode("ascii")).hexdigest()
-        return _sha256(text)
+        return None if text is None else _sha256(text)
 
     def text(self, arguments: dict[str, Any]) -> str | None:
         """The canonical text of ``arguments`` without the excluded names; ``None`` for the general path."""
