@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replaysafe import ArgumentDigestError, JsonSerializer, _owners, idempotency_key, replay_safe
+from replaysafe import ArgumentDigestError, JsonSerializer, _identity, _owners, idempotency_key, replay_safe
 from replaysafe._identity import SignatureDigest, args_digest, key_digest
 from replaysafe._json import is_plain
 from replaysafe._owners import owner_alive, owner_token
@@ -215,6 +215,22 @@ def test_key_digest_has_no_separator_collisions() -> None:
     """('a:b', 'c') and ('a', 'b:c') are different keys."""
     assert key_digest("a:b", "c", "d") != key_digest("a", "b:c", "d")
     assert len(key_digest("x" * 65536, "y" * 65536, "z" * 65536)) == 64
+
+
+@settings(max_examples=300)
+@given(st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from(["a", "\ud800"]), max_size=200))
+def test_short_and_long_texts_digest_as_sha256_of_their_utf8(text: str) -> None:
+    """Texts shorter than two SHA-256 blocks take CPython's own SHA-256, longer ones OpenSSL's: same digest."""
+    assert _identity._sha256(text) == hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@pytest.mark.parametrize("size", [0, 1, 55, 56, 63, 64, 119, 120, 121, 1000])
+def test_digest_either_side_of_the_implementation_switch(size: int) -> None:
+    assert _identity._BUILTIN_SHA256_BELOW == 120
+    if sys.implementation.name == "cpython":
+        assert _identity._builtin_sha256 is not hashlib.sha256  # the short texts' own implementation is found
+    text = "\u00e9" * (size // 2) + "x" * (size % 2)  # two UTF-8 bytes per character: the switch is on bytes
+    assert _identity._sha256(text) == hashlib.sha256(text.encode()).hexdigest()
 
 
 @given(st.lists(st.one_of(st.text(), st.integers(), st.uuids()), min_size=1, max_size=4), st.none() | st.text())
