@@ -13,8 +13,9 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import sys
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from datetime import timedelta
 from typing import Any, NamedTuple
 
@@ -252,12 +253,23 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     a cancelled caller leaves at once, and the operation's outcome is undone or
     written later (``_after_interrupted``) once it is known.
     """
-    task = asyncio.ensure_future(aperform(op, driving))
+    task = _started(aperform(op, driving))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
         task.add_done_callback(functools.partial(_after_interrupted, op, driving))
         raise
+
+
+if sys.version_info >= (3, 12):
+
+    def _started(operation: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+        # Run at once up to its first wait, in the task's own copy of the context: a task left for
+        # the loop to start costs one more turn of the loop per ledger operation.
+        return asyncio.Task(operation, loop=asyncio.get_running_loop(), eager_start=True)
+
+else:
+    _started = asyncio.ensure_future
 
 
 def _after_interrupted(op: LedgerOp, driving: Driving, task: asyncio.Future[Any]) -> None:
