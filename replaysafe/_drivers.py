@@ -251,14 +251,37 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     recalled: cancelling its await would leave a claim landed, or a finishing write
     half done, with nobody to undo it. So it runs to its end in a task of its own;
     a cancelled caller leaves at once, and the operation's outcome is undone or
-    written later (``_after_interrupted``) once it is known.
+    written later (``_after_interrupted``) once it is known. (``asyncio.shield`` would
+    do the same, and hand the outcome over from a done callback: a loop turn later.)
     """
-    task = _started(aperform(op, driving))
+    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    task = _started(_answering(aperform(op, driving), answer))
     try:
-        return await asyncio.shield(task)
+        return await answer
     except asyncio.CancelledError:
         task.add_done_callback(functools.partial(_after_interrupted, op, driving))
         raise
+    except BaseException:
+        if task.done():  # it is: it ended raising this same error, which is not to be logged as never retrieved
+            task.exception()
+        raise
+
+
+async def _answering(operation: Coroutine[Any, Any, Any], answer: asyncio.Future[Any]) -> Any:
+    """``operation``'s outcome, handed to ``answer`` the moment it is known (unless the caller
+    left: ``answer`` is cancelled then). The task keeps it too, for ``_after_interrupted``."""
+    try:
+        result = await operation
+    except asyncio.CancelledError:
+        answer.cancel()  # the operation itself was cancelled (the loop is closing): its outcome is unknown
+        raise
+    except BaseException as exc:
+        if not answer.done():
+            answer.set_exception(exc)
+        raise
+    if not answer.done():
+        answer.set_result(result)
+    return result
 
 
 if sys.version_info >= (3, 12):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sqlite3
 import time
@@ -66,6 +67,32 @@ def test_unreadable_ledger_fails_closed_when_asked(unreachable: RedisLedger) -> 
     assert "refund_order" in str(raised.value)
     assert "reachable" in str(raised.value)
     assert raised.value.transient
+
+
+async def test_unreadable_ledger_fails_closed_for_an_async_tool(
+    unreachable: RedisLedger, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The async path: the claim's task hands its LedgerError to the caller, and asyncio logs no
+    exception of that task as never retrieved (the caller raised it)."""
+    runs: list[int] = []
+
+    @replay_safe(ledger=unreachable, on_ledger_error="raise")
+    async def refund_order(order_id: str) -> str:
+        runs.append(1)
+        return "refunded"
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        async with tool_call(*IDS):
+            with pytest.raises(LedgerError) as raised:
+                await refund_order("1")
+        named = (raised.value.key, raised.value.tool_name)
+        del raised  # its traceback holds the operation's task
+        await asyncio.sleep(0)
+        gc.collect()  # a task whose exception nobody retrieved is logged when collected
+    assert runs == []
+    assert named == (CallKey(*IDS), "refund_order")
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    await unreachable.aio.aclose()
 
 
 def _drop_table(path: Path) -> None:
