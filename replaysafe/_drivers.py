@@ -254,27 +254,35 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     written later (``_after_interrupted``) once it is known. (``asyncio.shield`` would
     do the same, and hand the outcome over from a done callback: a loop turn later.)
     """
-    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    task = _started(_answering(aperform(op, driving), answer))
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[Any] = loop.create_future()
+    task = _started(loop, _answering(op, driving, answer), answer)
     try:
         return await answer
     except asyncio.CancelledError:
         task.add_done_callback(functools.partial(_after_interrupted, op, driving))
         raise
     except BaseException:
-        if task.done():  # it is: it ended raising this same error, which is not to be logged as never retrieved
+        if task.done() and not task.cancelled():  # it ended raising this same error: not to be logged as unread
             task.exception()
         raise
 
 
-async def _answering(operation: Coroutine[Any, Any, Any], answer: asyncio.Future[Any]) -> Any:
-    """``operation``'s outcome, handed to ``answer`` the moment it is known (unless the caller
-    left: ``answer`` is cancelled then). The task keeps it too, for ``_after_interrupted``."""
+async def _answering(op: LedgerOp, driving: Driving, answer: asyncio.Future[Any]) -> Any:
+    """``op``'s outcome, handed to ``answer`` the moment it is known (unless the caller left:
+    ``answer`` is cancelled then). The task keeps it too, for ``_after_interrupted``."""
     try:
-        result = await operation
+        result = await aperform(op, driving)
     except asyncio.CancelledError:
         answer.cancel()  # the operation itself was cancelled (the loop is closing): its outcome is unknown
         raise
+    except (KeyboardInterrupt, SystemExit) as exc:
+        if answer.done():
+            raise
+        # Raised by the caller's await instead, out of the loop as before: raised here, it would
+        # leave this task's exception unread (and, started eagerly, come out of its constructor).
+        answer.set_exception(exc)
+        return None
     except BaseException as exc:
         if not answer.done():
             answer.set_exception(exc)
@@ -284,15 +292,23 @@ async def _answering(operation: Coroutine[Any, Any, Any], answer: asyncio.Future
     return result
 
 
-if sys.version_info >= (3, 12):
+def _started(loop: asyncio.AbstractEventLoop, answering: Coroutine[Any, Any, Any], answer: asyncio.Future[Any]) -> Any:
+    """The task of ``_answering``: started at once, up to its first wait, where it can be (Python
+    3.12+, no task factory set); a task left for the loop to start costs a loop turn more."""
+    if _EAGER and loop.get_task_factory() is None:
+        return asyncio.Task(answering, loop=loop, eager_start=True)  # type: ignore[call-arg, unused-ignore]
+    task = loop.create_task(answering)  # through the loop's task factory, if one is set
+    # Cancelled before its first step, it never enters _answering, which would then never answer.
+    task.add_done_callback(functools.partial(_unanswered, answer))
+    return task
 
-    def _started(operation: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
-        # Run at once up to its first wait, in the task's own copy of the context: a task left for
-        # the loop to start costs one more turn of the loop per ledger operation.
-        return asyncio.Task(operation, loop=asyncio.get_running_loop(), eager_start=True)
 
-else:
-    _started = asyncio.ensure_future
+_EAGER = sys.version_info >= (3, 12)
+
+
+def _unanswered(answer: asyncio.Future[Any], task: asyncio.Future[Any]) -> None:
+    if not answer.done():
+        answer.cancel()
 
 
 def _after_interrupted(op: LedgerOp, driving: Driving, task: asyncio.Future[Any]) -> None:

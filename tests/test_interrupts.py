@@ -241,6 +241,42 @@ async def test_cancelled_during_the_in_doubt_write_the_call_is_in_doubt(stalled:
     assert record is not None and record.status is Status.IN_DOUBT
 
 
+async def test_a_ledger_operation_cancelled_by_someone_else_cancels_its_caller(durable_ledger: Ledger) -> None:
+    """A supervisor cancels every task but the caller's, the call's ledger operation among them
+    (before its first step where tasks do not start eagerly): the caller is cancelled, not left
+    waiting for an answer that never comes; the claim, if it landed, is released."""
+    key, runs = new_key(), []
+
+    @replay_safe(ledger=durable_ledger)
+    async def refund() -> str:
+        runs.append(1)
+        return "refunded"
+
+    async def call() -> str:
+        async with tool_call(*key):
+            return await refund()
+
+    caller, supervisor = asyncio.create_task(call()), asyncio.current_task()
+    cancelled: list[asyncio.Task[Any]] = []
+    while not cancelled and not caller.done():
+        await asyncio.sleep(0)
+        for task in asyncio.all_tasks():
+            if task not in (supervisor, caller) and not task.done():
+                cancelled.append(task)
+                task.cancel()
+    assert cancelled, "the call ended before its ledger operation could be cancelled"
+    done, _ = await asyncio.wait([caller], timeout=20)
+    assert done, "the caller still waits for its cancelled ledger operation"
+    assert caller.cancelled()
+    record = await asyncio.to_thread(settled, durable_ledger, key, lambda r: r is None)
+    assert record is None and runs == []
+    async with tool_call(*key):
+        assert await refund() == "refunded"
+    aclose = getattr(durable_ledger, "aclose", None)
+    if aclose is not None:  # this loop's connections: the supervisor may have cancelled their guard too
+        await aclose()
+
+
 def _child(code: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code), *args],
