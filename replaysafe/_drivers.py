@@ -261,6 +261,9 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
         return await answer
     except asyncio.CancelledError:
         task.add_done_callback(functools.partial(_after_interrupted, op, driving))
+        interrupt = answer.exception() if answer.done() and not answer.cancelled() else None
+        if isinstance(interrupt, _INTERRUPTS):
+            raise interrupt from None  # handed over just before the cancel: the interrupt wins
         raise
     except BaseException:
         if task.done() and not task.cancelled():  # it ended raising this same error: not to be logged as unread
@@ -276,13 +279,13 @@ async def _answering(op: LedgerOp, driving: Driving, answer: asyncio.Future[Any]
     except asyncio.CancelledError:
         answer.cancel()  # the operation itself was cancelled (the loop is closing): its outcome is unknown
         raise
-    except (KeyboardInterrupt, SystemExit) as exc:
+    except _INTERRUPTS as exc:
         if answer.done():
             raise
         # Raised by the caller's await instead, out of the loop as before: raised here, it would
         # leave this task's exception unread (and, started eagerly, come out of its constructor).
         answer.set_exception(exc)
-        return None
+        return _INTERRUPTED
     except BaseException as exc:
         if not answer.done():
             answer.set_exception(exc)
@@ -304,6 +307,9 @@ def _started(loop: asyncio.AbstractEventLoop, answering: Coroutine[Any, Any, Any
 
 
 _EAGER = sys.version_info >= (3, 12)
+_INTERRUPTS = (KeyboardInterrupt, SystemExit)
+#: What an operation's task returns when an interrupt ended it (handed to the caller): an unknown outcome.
+_INTERRUPTED: Any = object()
 
 
 def _unanswered(answer: asyncio.Future[Any], task: asyncio.Future[Any]) -> None:
@@ -317,8 +323,10 @@ def _after_interrupted(op: LedgerOp, driving: Driving, task: asyncio.Future[Any]
         undo = undo_for(op)  # its outcome is unknown
     elif task.exception() is not None:
         undo = None  # a LedgerError: kept for later already when it was transient
+    elif (outcome := task.result()) is _INTERRUPTED:
+        undo = undo_for(op)  # its outcome is unknown
     else:
-        undo = held_after(op, task.result())
+        undo = held_after(op, outcome)
     if undo is not None:
         pending_writes.defer(undo, driving.ledger, driving.tool_name)
 
