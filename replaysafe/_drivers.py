@@ -260,7 +260,10 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     try:
         return await answer
     except asyncio.CancelledError:
-        task.add_done_callback(functools.partial(_after_interrupted, op, driving))
+        if task.done():  # now, not on a loop turn that an interrupt raised below may never come to
+            _after_interrupted(op, driving, task)
+        else:
+            task.add_done_callback(functools.partial(_after_interrupted, op, driving))
         interrupt = answer.exception() if answer.done() and not answer.cancelled() else None
         if isinstance(interrupt, _INTERRUPTS):
             raise interrupt from None  # handed over just before the cancel: the interrupt wins
@@ -319,12 +322,12 @@ def _unanswered(answer: asyncio.Future[Any], task: asyncio.Future[Any]) -> None:
 
 def _after_interrupted(op: LedgerOp, driving: Driving, task: asyncio.Future[Any]) -> None:
     """A shielded ledger operation whose caller was cancelled has ended: undo or finish it."""
-    if task.cancelled():
+    if task.cancelled() or isinstance(task.exception(), _INTERRUPTS):
         undo = undo_for(op)  # its outcome is unknown
     elif task.exception() is not None:
         undo = None  # a LedgerError: kept for later already when it was transient
     elif (outcome := task.result()) is _INTERRUPTED:
-        undo = undo_for(op)  # its outcome is unknown
+        undo = undo_for(op)  # interrupted, the interrupt handed to the caller: its outcome is unknown
     else:
         undo = held_after(op, outcome)
     if undo is not None:
