@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import fcntl
 import json
 import logging
 import math
@@ -261,9 +262,13 @@ def reachable_by_other_users() -> Iterator[None]:
 
     A checkout may sit in a directory only its owner can enter (a ``mktemp -d`` clone is 0700):
     each directory on the path gets ``o+rx`` and each ancestor ``o+x`` for the test, and its mode back after.
+    The modes are the machine's, not this run's: a lock on them keeps a run beside this one (another
+    Python's session in CI) from putting a mode back while this test still needs it.
     """
     places = [ROOT, Path(sys.prefix), Path(sys.executable).resolve().parent, *map(Path, sys.path)]
     changed: dict[Path, int] = {}
+    lock = open(Path(tempfile.gettempdir()) / "replaysafe-tests-directory-modes.lock", "a")  # noqa: SIM115
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released by close(), or by the kernel if this process dies
     try:
         for place in places:
             # Imports list the directories on the path (read); their ancestors need only be entered.
@@ -275,8 +280,11 @@ def reachable_by_other_users() -> Iterator[None]:
                     directory.chmod(stat.S_IMODE(directory.stat().st_mode) | bits)
         yield
     finally:
-        for directory, mode in changed.items():
-            directory.chmod(stat.S_IMODE(mode))
+        try:
+            for directory, mode in changed.items():
+                directory.chmod(stat.S_IMODE(mode))
+        finally:
+            lock.close()
 
 
 def _as_user(uid: int, command: list[str], *, hidepid: bool = False) -> list[str]:
