@@ -263,6 +263,9 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
         if task.done():  # now, not on a loop turn that an interrupt raised below may never come to
             _after_interrupted(op, driving, task)
         else:
+            # The loop holds tasks weakly, and this frame, which held it, is leaving.
+            _left_running.add(task)
+            task.add_done_callback(_left_running.discard)
             task.add_done_callback(functools.partial(_after_interrupted, op, driving))
         interrupt = answer.exception() if answer.done() and not answer.cancelled() else None
         if isinstance(interrupt, _INTERRUPTS):
@@ -313,6 +316,8 @@ _EAGER = sys.version_info >= (3, 12)
 _INTERRUPTS = (KeyboardInterrupt, SystemExit)
 #: What an operation's task returns when an interrupt ended it (handed to the caller): an unknown outcome.
 _INTERRUPTED: Any = object()
+#: The operations whose cancelled callers have left, kept until they end and are undone or finished.
+_left_running: set[asyncio.Future[Any]] = set()
 
 
 def _unanswered(answer: asyncio.Future[Any], task: asyncio.Future[Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import sqlite3
@@ -20,7 +21,8 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from replaysafe import (
     tool_call,
 )
 from replaysafe._records import Record
+from replaysafe.ledgers import MemoryLedger
 
 from . import servers
 
@@ -241,13 +244,10 @@ async def test_cancelled_during_the_in_doubt_write_the_call_is_in_doubt(stalled:
     assert record is not None and record.status is Status.IN_DOUBT
 
 
-async def test_a_ledger_operation_cancelled_by_someone_else_cancels_its_caller(durable_ledger: Ledger) -> None:
-    """A supervisor cancels every task but the caller's, the call's ledger operation among them
-    (before its first step where tasks do not start eagerly): the caller is cancelled, not left
-    waiting for an answer that never comes; the claim, if it landed, is released."""
-    key, runs = new_key(), []
+def _refund_call(ledger: Ledger, key: CallKey, runs: list[int]) -> Callable[[], Awaitable[str]]:
+    """A call under ``key`` of an async tool protected on ``ledger``, counting its runs in ``runs``."""
 
-    @replay_safe(ledger=durable_ledger)
+    @replay_safe(ledger=ledger, name="refund")
     async def refund() -> str:
         runs.append(1)
         return "refunded"
@@ -256,6 +256,15 @@ async def test_a_ledger_operation_cancelled_by_someone_else_cancels_its_caller(d
         async with tool_call(*key):
             return await refund()
 
+    return call
+
+
+async def test_a_ledger_operation_cancelled_by_someone_else_cancels_its_caller(durable_ledger: Ledger) -> None:
+    """A supervisor cancels every task but the caller's, the call's ledger operation among them
+    (before its first step where tasks do not start eagerly): the caller is cancelled, not left
+    waiting for an answer that never comes; the claim, if it landed, is released."""
+    key, runs = new_key(), []
+    call = _refund_call(durable_ledger, key, runs)
     caller, supervisor = asyncio.create_task(call()), asyncio.current_task()
     cancelled: list[asyncio.Task[Any]] = []
     while not cancelled and not caller.done():
@@ -270,11 +279,64 @@ async def test_a_ledger_operation_cancelled_by_someone_else_cancels_its_caller(d
     assert caller.cancelled()
     record = await asyncio.to_thread(settled, durable_ledger, key, lambda r: r is None)
     assert record is None and runs == []
-    async with tool_call(*key):
-        assert await refund() == "refunded"
+    assert await call() == "refunded"
     aclose = getattr(durable_ledger, "aclose", None)
     if aclose is not None:  # this loop's connections: the supervisor may have cancelled their guard too
         await aclose()
+
+
+class _ClaimAwaitingItsOwnReply:
+    """A ledger's async operations whose first claim waits on a reply that only the claim holds,
+    as a client's call waits on a future of its own; the test keeps it weakly, to answer it later."""
+
+    def __init__(self, aio: Any, replies: list[weakref.ref[asyncio.Future[None]]], waiting: asyncio.Event) -> None:
+        self._aio, self._replies, self._waiting = aio, replies, waiting
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._aio, name)
+
+    async def claim(self, key: CallKey, **kwargs: Any) -> Any:
+        if not self._replies:  # the first claim only
+            reply = asyncio.get_running_loop().create_future()
+            self._replies.append(weakref.ref(reply))
+            self._waiting.set()
+            await reply
+        return await self._aio.claim(key, **kwargs)
+
+
+class _LedgerWithAClaimAwaitingItsOwnReply(MemoryLedger):
+    blocking_io = True  # its operations run as a waiting ledger's do: each in a task of its own
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replies: list[weakref.ref[asyncio.Future[None]]] = []
+        self.waiting = asyncio.Event()
+
+    @property
+    def aio(self) -> Any:
+        return _ClaimAwaitingItsOwnReply(super().aio, self.replies, self.waiting)
+
+
+async def test_an_operation_whose_caller_left_is_kept_until_it_ends_and_is_undone() -> None:
+    """The loop holds its tasks weakly. A claim whose cancelled caller has left, waiting on a reply
+    only the claim holds, is kept until it ends (not collected while pending, its claim left to
+    run out its lease); when its reply comes, the claim lands and is released."""
+    ledger, key, runs = _LedgerWithAClaimAwaitingItsOwnReply(), new_key(), []
+    call = _refund_call(ledger, key, runs)
+    caller = asyncio.create_task(call())
+    await ledger.waiting.wait()
+    caller.cancel()
+    await asyncio.wait([caller])
+    assert caller.cancelled()
+    del caller  # with its error's traceback, which still names the claim's task
+    gc.collect()
+    reply = ledger.replies[0]()
+    assert reply is not None, "the claim was collected while it waited, its outcome never undone"
+    reply.set_result(None)
+    record = await asyncio.to_thread(settled, ledger, key, lambda r: r is None)
+    assert record is None and runs == []
+    assert await call() == "refunded"  # released: the call runs when asked again
+    assert runs == [1]
 
 
 def _child(code: str, *args: str) -> subprocess.Popen[str]:
