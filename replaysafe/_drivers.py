@@ -244,6 +244,16 @@ _SYNC: dict[type, Callable[[Any, Driving], Any]] = {
 # --- async effects ----------------------------------------------------------------------
 
 
+_EAGER = sys.version_info >= (3, 12)
+_INTERRUPTS = (KeyboardInterrupt, SystemExit)
+#: What an operation's task returns when an interrupt ended it (handed to the caller): an unknown outcome.
+_INTERRUPTED: Any = object()
+#: Where a loop keeps the operations whose cancelled callers have left (``_kept_until_done``).
+_KEPT = "_replaysafe_left_running"
+#: The same, for a loop that takes no attributes of its own.
+_kept_by_no_loop: set[asyncio.Future[Any]] = set()
+
+
 async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     """A ledger operation, shielded from the caller's cancellation.
 
@@ -263,9 +273,7 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
         if task.done():  # now, not on a loop turn that an interrupt raised below may never come to
             _after_interrupted(op, driving, task)
         else:
-            # The loop holds tasks weakly, and this frame, which held it, is leaving.
-            _left_running.add(task)
-            task.add_done_callback(_left_running.discard)
+            _kept_until_done(task)
             task.add_done_callback(functools.partial(_after_interrupted, op, driving))
         interrupt = answer.exception() if answer.done() and not answer.cancelled() else None
         if isinstance(interrupt, _INTERRUPTS):
@@ -312,12 +320,20 @@ def _started(loop: asyncio.AbstractEventLoop, answering: Coroutine[Any, Any, Any
     return task
 
 
-_EAGER = sys.version_info >= (3, 12)
-_INTERRUPTS = (KeyboardInterrupt, SystemExit)
-#: What an operation's task returns when an interrupt ended it (handed to the caller): an unknown outcome.
-_INTERRUPTED: Any = object()
-#: The operations whose cancelled callers have left, kept until they end and are undone or finished.
-_left_running: set[asyncio.Future[Any]] = set()
+def _kept_until_done(task: asyncio.Future[Any]) -> None:
+    """Keep ``task``, whose caller (and only holder) is leaving, from being collected before it ends:
+    the loop holds its tasks weakly. The loop keeps it, not this module: a loop closed before the
+    task ended then goes, task and ledger with it, instead of being held for good."""
+    loop = task.get_loop()
+    kept: set[asyncio.Future[Any]] | None = getattr(loop, _KEPT, None)
+    if kept is None:
+        kept = set()
+        try:
+            setattr(loop, _KEPT, kept)
+        except AttributeError:  # a loop with no attributes of its own (``__slots__``, an extension type)
+            kept = _kept_by_no_loop
+    kept.add(task)
+    task.add_done_callback(kept.discard)
 
 
 def _unanswered(answer: asyncio.Future[Any], task: asyncio.Future[Any]) -> None:
@@ -327,10 +343,11 @@ def _unanswered(answer: asyncio.Future[Any], task: asyncio.Future[Any]) -> None:
 
 def _after_interrupted(op: LedgerOp, driving: Driving, task: asyncio.Future[Any]) -> None:
     """A shielded ledger operation whose caller was cancelled has ended: undo or finish it."""
-    if task.cancelled() or isinstance(task.exception(), _INTERRUPTS):
+    if task.cancelled():
         undo = undo_for(op)  # its outcome is unknown
-    elif task.exception() is not None:
-        undo = None  # a LedgerError: kept for later already when it was transient
+    elif (error := task.exception()) is not None:
+        # An interrupt: its outcome is unknown. A LedgerError: kept for later already when it was transient.
+        undo = undo_for(op) if isinstance(error, _INTERRUPTS) else None
     elif (outcome := task.result()) is _INTERRUPTED:
         undo = undo_for(op)  # interrupted, the interrupt handed to the caller: its outcome is unknown
     else:

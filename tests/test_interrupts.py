@@ -36,6 +36,7 @@ from replaysafe import (
     RedisLedger,
     SqliteLedger,
     Status,
+    _drivers,
     open_ledger,
     replay_safe,
     tool_call,
@@ -321,6 +322,28 @@ async def test_an_operation_whose_caller_left_is_kept_until_it_ends_and_is_undon
     """The loop holds its tasks weakly. A claim whose cancelled caller has left, waiting on a reply
     only the claim holds, is kept until it ends (not collected while pending, its claim left to
     run out its lease); when its reply comes, the claim lands and is released."""
+    await _caller_leaves_then_the_claim_lands()
+
+
+class _LoopTakingNoAttributesOfOurs(asyncio.SelectorEventLoop):
+    """As an event loop written as an extension type (uvloop's) may: no attribute can be added."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == _drivers._KEPT:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        super().__setattr__(name, value)
+
+
+def test_an_operation_whose_caller_left_is_kept_on_a_loop_that_takes_no_attributes() -> None:
+    loop = _LoopTakingNoAttributesOfOurs()
+    try:
+        loop.run_until_complete(_caller_leaves_then_the_claim_lands())
+    finally:
+        loop.close()
+    assert not _drivers._kept_by_no_loop  # and let go once ended
+
+
+async def _caller_leaves_then_the_claim_lands() -> None:
     ledger, key, runs = _LedgerWithAClaimAwaitingItsOwnReply(), new_key(), []
     call = _refund_call(ledger, key, runs)
     caller = asyncio.create_task(call())
@@ -337,6 +360,29 @@ async def test_an_operation_whose_caller_left_is_kept_until_it_ends_and_is_undon
     assert record is None and runs == []
     assert await call() == "refunded"  # released: the call runs when asked again
     assert runs == [1]
+
+
+def test_an_operation_left_running_is_kept_by_its_loop_not_for_good() -> None:
+    """A loop closed before such an operation ended (``run_until_complete`` then ``close()``, where
+    ``asyncio.run`` would have cancelled it) is collected, the operation with it: it is not held
+    for good, with its loop and whatever it holds."""
+    ledger, runs = _LedgerWithAClaimAwaitingItsOwnReply(), []
+
+    async def leave() -> None:
+        caller = asyncio.create_task(_refund_call(ledger, new_key(), runs)())
+        await ledger.waiting.wait()
+        caller.cancel()
+        await asyncio.wait([caller])
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(leave())
+    loop.close()
+    ledger.waiting = asyncio.Event()  # the first one was bound to the loop
+    gone = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert gone() is None, "a closed loop is held by an operation that never ended in it"
+    assert ledger.replies[0]() is None and runs == []
 
 
 def _child(code: str, *args: str) -> subprocess.Popen[str]:
