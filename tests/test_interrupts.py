@@ -397,8 +397,13 @@ def _child(code: str, *args: str) -> subprocess.Popen[str]:
 
 
 SIGINT_CHILD = """
+    import signal
     import sys
     import replaysafe
+
+    # Python raises KeyboardInterrupt on SIGINT unless it started with SIGINT ignored, as a job
+    # started in the background by a shell without job control does (a CI script's, say).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     ledger = replaysafe.open_ledger(sys.argv[1])
 

@@ -265,11 +265,13 @@ def reachable_by_other_users() -> Iterator[None]:
     The modes are the machine's, not this run's: a lock on them keeps a run beside this one (another
     Python's session in CI) from putting a mode back while this test still needs it.
     """
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
+        _unavailable("the hidepid test needs root, unshare and setpriv to run workers as two users")
     places = [ROOT, Path(sys.prefix), Path(sys.executable).resolve().parent, *map(Path, sys.path)]
     changed: dict[Path, int] = {}
     lock = open(Path(tempfile.gettempdir()) / "replaysafe-tests-directory-modes.lock", "a")  # noqa: SIM115
-    fcntl.flock(lock, fcntl.LOCK_EX)  # released by close(), or by the kernel if this process dies
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by close(), or by the kernel if this process dies
         for place in places:
             # Imports list the directories on the path (read); their ancestors need only be entered.
             needs = [(place, stat.S_IROTH | stat.S_IXOTH)] if place.is_dir() else []
@@ -308,8 +310,6 @@ def test_an_owner_hidden_by_hidepid_is_waited_for_not_taken_over(
     The replaying worker cannot see the owner's process (no /proc entry, EPERM from
     kill): that is no proof of death, so the lease decides and it waits.
     """
-    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")):
-        _unavailable("the hidepid test needs root, unshare and setpriv to run workers as two users")
     if backend == "sqlite":
         database = shared_dir / "ledger.db"
         database.touch(mode=0o666)  # SQLite creates its WAL files with the database file's mode
