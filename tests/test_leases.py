@@ -269,24 +269,22 @@ def reachable_by_other_users() -> Iterator[None]:
         _unavailable("the hidepid test needs root, unshare and setpriv to run workers as two users")
     places = [ROOT, Path(sys.prefix), Path(sys.executable).resolve().parent, *map(Path, sys.path)]
     changed: dict[Path, int] = {}
-    lock = open(Path(tempfile.gettempdir()) / "replaysafe-tests-directory-modes.lock", "a")  # noqa: SIM115
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released by close(), or by the kernel if this process dies
-        for place in places:
-            # Imports list the directories on the path (read); their ancestors need only be entered.
-            needs = [(place, stat.S_IROTH | stat.S_IXOTH)] if place.is_dir() else []
-            for directory, bits in [*needs, *((parent, stat.S_IXOTH) for parent in place.parents)]:
-                mode = changed.get(directory, directory.stat().st_mode)
-                if stat.S_IMODE(directory.stat().st_mode) & bits != bits:
-                    changed.setdefault(directory, mode)
-                    directory.chmod(stat.S_IMODE(directory.stat().st_mode) | bits)
-        yield
-    finally:
+    lock_path = Path(tempfile.gettempdir()) / "replaysafe-tests-directory-modes.lock"
+    with open(lock_path, "a") as lock:  # closing it releases the lock, as the kernel does if this process dies
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            for place in places:
+                # Imports list the directories on the path (read); their ancestors need only be entered.
+                needs = [(place, stat.S_IROTH | stat.S_IXOTH)] if place.is_dir() else []
+                for directory, bits in [*needs, *((parent, stat.S_IXOTH) for parent in place.parents)]:
+                    mode = changed.get(directory, directory.stat().st_mode)
+                    if stat.S_IMODE(directory.stat().st_mode) & bits != bits:
+                        changed.setdefault(directory, mode)
+                        directory.chmod(stat.S_IMODE(directory.stat().st_mode) | bits)
+            yield
+        finally:
             for directory, mode in changed.items():
                 directory.chmod(stat.S_IMODE(mode))
-        finally:
-            lock.close()
 
 
 def _as_user(uid: int, command: list[str], *, hidepid: bool = False) -> list[str]:
