@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import sys
 import threading
 import unicodedata
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -267,19 +270,42 @@ async def test_async_claims_race(ledger: Ledger) -> None:
     assert sum(r.claimed for r in results) == 1
 
 
+@contextlib.contextmanager
+def _switching_often() -> Iterator[None]:
+    """Switch threads as often as the interpreter can, so that operations interleave inside the ledger's code."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
+def _at_once(*operations: Callable[[], Any]) -> list[Any]:
+    """Run ``operations`` in threads of their own, released together by a barrier; their answers in order."""
+    barrier = threading.Barrier(len(operations))
+
+    def run(operation: Callable[[], Any]) -> Any:
+        barrier.wait(30)
+        return operation()
+
+    with concurrent.futures.ThreadPoolExecutor(len(operations)) as pool:
+        return list(pool.map(run, operations))
+
+
+def _rounds(ledger: Ledger) -> int:
+    # An in-process ledger is cheap to race often; a server one costs round trips per operation.
+    return 300 if isinstance(ledger, replaysafe.MemoryLedger) else 10
+
+
 def test_threaded_claims_race(ledger: Ledger) -> None:
     """Claims of one key from many threads released at once by a barrier: exactly one wins, every round.
 
     (MemoryLedger's ``.aio`` runs inline, so the async race above is sequential there: this one is not.)
     """
     threads = 16
-    # An in-process ledger is cheap to race often; a server one costs round trips per claim.
-    rounds = 300 if isinstance(ledger, replaysafe.MemoryLedger) else 10
-    # Switch threads as often as the interpreter can, so that claims interleave inside the ledger's code.
-    previous = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for _ in range(rounds):
+    with _switching_often():
+        for _ in range(_rounds(ledger)):
             key = new_key()
             barrier = threading.Barrier(threads)
 
@@ -293,8 +319,82 @@ def test_threaded_claims_race(ledger: Ledger) -> None:
             stored = ledger.get(key)
             assert stored is not None
             assert stored.owner == f"host:1:{won.index(True)}#1"
-    finally:
-        sys.setswitchinterval(previous)
+
+
+def test_a_completion_racing_its_own_renewal_is_never_undone(ledger: Ledger) -> None:
+    """The owner's completion and its renewer's renewal of one record, at once: the record ends
+    completed, with its result, whichever ran first (a renewal must not write back a running record)."""
+    later = LEASE + timedelta(seconds=600)
+    with _switching_often():
+        for _ in range(_rounds(ledger)):
+            key = new_key()
+            claim(ledger, key, owner="a#1")
+            completed, renewed = _at_once(
+                lambda key=key: ledger.complete(key, owner="a#1", status=Status.COMPLETED, result='"ok"', now=NOW),
+                lambda key=key: ledger.renew(key, owner="a#1", lease_expires_at=later),
+            )
+            stored = ledger.get(key)
+            assert stored is not None
+            assert completed, f"the owner's completion of {key} was refused (renewed: {renewed})"
+            assert (stored.status, stored.result, stored.owner) == (Status.COMPLETED, '"ok"', "a#1")
+            assert stored.lease_expires_at == (later if renewed else LEASE)
+
+
+def test_a_completion_racing_a_takeover_lets_exactly_one_win(ledger: Ledger) -> None:
+    """The owner's completion and another worker's takeover of the same running record, at once:
+    exactly one succeeds, and the stored record is the winner's."""
+    later = NOW + timedelta(seconds=400)
+    with _switching_often():
+        for _ in range(_rounds(ledger)):
+            key = new_key()
+            running = claim(ledger, key, owner="a#1").record
+            completed, taken = _at_once(
+                lambda key=key: ledger.complete(key, owner="a#1", status=Status.COMPLETED, result='"ok"', now=later),
+                lambda running=running: ledger.takeover(running, owner="b#1", now=later, lease_expires_at=LEASE),
+            )
+            assert completed != (taken is not None), f"{key}: completed {completed}, taken over {taken is not None}"
+            stored = ledger.get(key)
+            assert stored is not None
+            if completed:
+                assert (stored.status, stored.owner, stored.attempt) == (Status.COMPLETED, "a#1", 1)
+            else:
+                assert (stored.status, stored.owner, stored.attempt) == (Status.RUNNING, "b#1", 2)
+
+
+def test_listing_and_purging_while_other_threads_claim(ledger: Ledger) -> None:
+    """``records()`` and ``purge_thread()`` while other threads claim in the same thread id: neither
+    fails, a listing holds only whole records, and a purge removes every record that was there before it."""
+    thread = f"t-{uuid.uuid4().hex[:8]}"
+    before = [new_key(thread, call=f"before_{i}") for i in range(20)]
+    for key in before:
+        claim(ledger, key)
+    stop, claiming_now = threading.Event(), threading.Barrier(3)
+
+    def claiming(n: int) -> int:
+        claim(ledger, new_key(thread, message=f"m{n}", call="during"))
+        claiming_now.wait(30)
+        made = 1
+        while not stop.is_set() and made < 20 * _rounds(ledger):
+            claim(ledger, new_key(thread, message=f"m{n}", call=f"during_{made}"))
+            made += 1
+        return made
+
+    with _switching_often(), concurrent.futures.ThreadPoolExecutor(2) as pool:
+        claimers = [pool.submit(claiming, n) for n in range(2)]
+        try:
+            claiming_now.wait(30)
+            for _ in range(_rounds(ledger) // 10):
+                listed = list(ledger.records(thread_id=thread))
+                assert set(before) <= {record.key for record in listed}
+                assert all(record.key.thread_id == thread and record.status is Status.RUNNING for record in listed)
+            purged = ledger.purge_thread(thread)
+        finally:
+            stop.set()
+        made = sum(claimer.result() for claimer in claimers)
+    assert purged >= len(before)
+    assert all(ledger.get(key) is None for key in before)
+    assert made > 0
+    ledger.purge_thread(thread)
 
 
 async def test_async_tool_replays_across_ledger_objects(durable_ledger_url: str) -> None:
