@@ -163,6 +163,34 @@ def test_transient_lock_is_retried(tmp_path: Path) -> None:
     blocker.close()
 
 
+def test_a_sqlite_replay_needs_no_write_lock(tmp_path: Path) -> None:
+    """A replay only reads: another writer holding the file's write lock neither delays nor fails it.
+    (A first call still needs that lock: the same ledger fails one, so the lock is really held.)"""
+    ledger = SqliteLedger(tmp_path / "l.db", busy_timeout=0.01, retry=RetryPolicy(attempts=1))
+    runs: list[str] = []
+
+    @replay_safe(ledger=ledger, on_ledger_error="raise")
+    def refund_order(order_id: str) -> dict[str, int]:
+        runs.append(order_id)
+        return {"refund_id": 7}
+
+    with tool_call(*IDS):
+        refund_order("1")
+    blocker = sqlite3.connect(ledger.path, isolation_level=None, check_same_thread=False)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")  # hold the write lock
+        with tool_call(*IDS):
+            assert refund_order("1") == {"refund_id": 7}
+        assert runs == ["1"]
+        with tool_call(IDS[0], "msg_2", "call_1"), pytest.raises(LedgerError):
+            refund_order("2")
+        assert runs == ["1"]
+    finally:
+        blocker.rollback()
+        blocker.close()
+        ledger.close()
+
+
 async def test_async_tool_does_not_block_the_event_loop_on_sqlite(tmp_path: Path) -> None:
     """While the claim waits on a locked file, the loop runs the task that unlocks it."""
     ledger = SqliteLedger(tmp_path / "l.db", busy_timeout=5)

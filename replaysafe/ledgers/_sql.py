@@ -150,7 +150,8 @@ class Operations:
         self.table = table
         self._time = dialect.encode_time
         self._decode_time = dialect.decode_time
-        live = "(expires_at IS NULL OR expires_at > ?)"
+        #: A record is live (not past its ttl) at the time given as its parameter.
+        self.live = live = "(expires_at IS NULL OR expires_at > ?)"
         sql = self.sql
         self._takeover = sql(
             f"UPDATE {table} SET status = 'running', result = NULL, owner = ?, attempt = attempt + 1, "

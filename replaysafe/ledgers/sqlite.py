@@ -28,10 +28,11 @@ _MISSING_TABLE_FIX = "The ledger's table does not exist: pass create_schema=True
 class SqliteLedger(SqlLedger):
     """A ledger in a SQLite file, in WAL mode.
 
-    Several processes may share the file: each claim is one atomic statement. With
-    ``synchronous="FULL"`` (the default) a record is on disk before the protected
-    call returns, so it survives a ``kill -9`` and a power loss; ``"NORMAL"`` is
-    faster and survives a ``kill -9`` but may lose the last records on power loss.
+    Several processes may share the file: a claim's write is one atomic statement, and a
+    replay only reads (it never waits for another writer). With ``synchronous="FULL"``
+    (the default) a record is on disk before the protected call returns, so it survives a
+    ``kill -9`` and a power loss; ``"NORMAL"`` is faster and survives a ``kill -9`` but
+    may lose the last records on power loss.
     """
 
     transient_errors: tuple[type[BaseException], ...] = (*SqlLedger.transient_errors, sqlite3.OperationalError)
@@ -157,24 +158,32 @@ class SqliteOperations(Operations):
 
     def __init__(self, table: str, ttl: dt.timedelta | None) -> None:
         super().__init__(table, _DIALECT, ttl)
+        # A live record is read first: a replay then only reads, and never waits for (or holds)
+        # the file's write lock, which an INSERT takes even when its conflict changes nothing.
+        # The ids too: a row moved under another call's lookup key then shows as that (a local read).
+        self._read_live = f"SELECT {KEYED_COLUMNS} FROM {table} WHERE call_key = ? AND {self.live}"
         self._claim = f"INSERT INTO {table} AS t ({INSERT_COLUMNS}) VALUES ({CLAIM_ROW}) {self.upsert_tail}"
-        # No ttl test: a live record kept the claim out, an expired one was replaced. The ids
-        # too: a row moved under another call's lookup key then shows as that (a local read).
+        # No ttl test: after the INSERT, a live record kept the claim out, an expired one was replaced.
         self._read = f"SELECT {KEYED_COLUMNS} FROM {table} WHERE call_key = ?"
 
     def claim(self, record: Record) -> Step:
         params = self.claim_params(record)
+        now = params[7]
+
+        def live(rows: Any, count: int) -> ClaimResult | Step:
+            return ClaimResult(self.keyed_record(rows[0]), False) if rows else insert
 
         def inserted(rows: Any, count: int) -> ClaimResult | Step:
+            # Not inserted: another claim came in since the first read.
             return ClaimResult(record, True) if count == 1 else look
 
         def found(rows: Any, count: int) -> ClaimResult | Step:
             # No row: released between our insert and our read, so claim again.
             return ClaimResult(self.keyed_record(rows[0]), False) if rows else insert
 
-        insert = Step(self._claim, (*params, params[7]), inserted)  # now again: the ttl test
+        insert = Step(self._claim, (*params, now), inserted)  # now again: the ttl test
         look = Step(self._read, (params[0],), found)
-        return insert
+        return Step(self._read_live, (params[0], now), live)
 
 
 def _stamp(moment: dt.datetime | None) -> str | None:
