@@ -7,6 +7,7 @@ import json
 import os
 import sqlite3
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -71,8 +72,11 @@ class SqliteLedger(SqlLedger):
         self.path = Path(database)
         self._synchronous = synchronous
         self._busy_timeout_ms = int((busy_timeout if busy_timeout is not None else 30.0) * 1000)
+        # The driver's arguments as SQLAlchemy reads them off the URL (a uri=true file, a timeout).
+        self._connect_args = url.get_dialect()().create_connect_args(url)
         super().__init__(None, url, table, None, ttl, create_schema, retry, signing_key)
         self._ops = SqliteOperations(f'"{self.table.name}"', self.ttl)
+        self._connections = self._new_connections()
 
     def __repr__(self) -> str:
         return f"SqliteLedger({str(self.path)!r})"
@@ -101,39 +105,70 @@ class SqliteLedger(SqlLedger):
         return LedgerFault(False, "SQLite refused a ledger statement: check that the file is a replaysafe ledger.")
 
     def _create_engine(self) -> Engine:
+        """The engine of the DDL (and of a user's own SQLAlchemy reads); ledger operations run on
+        ``_connections``."""
         engine = sa.create_engine(
             self._url,  # type: ignore[arg-type]
             isolation_level="AUTOCOMMIT",  # every statement is its own atomic transaction
             hide_parameters=True,  # parameters hold results: never in error messages or logs
             connect_args={"check_same_thread": False},
         )
-        pragmas = (
-            "PRAGMA journal_mode=WAL",
-            f"PRAGMA synchronous={self._synchronous}",
-            f"PRAGMA busy_timeout={self._busy_timeout_ms}",
-        )
-
-        @sa.event.listens_for(engine, "connect")
-        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-            dbapi_connection.isolation_level = None  # autocommit, for the raw statements below too
-            cursor = dbapi_connection.cursor()
-            for pragma in pragmas:
-                cursor.execute(pragma)
-            cursor.close()
-
+        sa.event.listen(engine, "connect", lambda dbapi_connection, _record: self._configure(dbapi_connection))
         # A ledger dropped without close() closes its pooled connections all the same: sqlite3
         # leaves an open one to the garbage collector, which Python 3.13 warns of.
         weakref.finalize(self, engine.dispose)
         return engine
 
-    # --- running steps: on the pooled sqlite3 connection itself ------------------------
-    # SQLAlchemy Core would cost far more per statement than SQLite takes to run it.
+    def _configure(self, connection: sqlite3.Connection) -> None:
+        """Autocommit (every statement its own atomic transaction), WAL, and the ledger's settings."""
+        connection.isolation_level = None
+        cursor = connection.cursor()
+        for pragma in (
+            "PRAGMA journal_mode=WAL",
+            f"PRAGMA synchronous={self._synchronous}",
+            f"PRAGMA busy_timeout={self._busy_timeout_ms}",
+        ):
+            cursor.execute(pragma)
+        cursor.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        args, options = self._connect_args
+        connect: Callable[..., sqlite3.Connection] = sqlite3.connect
+        connection = connect(*args, **{**options, "check_same_thread": False})
+        try:
+            self._configure(connection)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _new_connections(self) -> _Connections:
+        connections = _Connections(self._connect)
+        weakref.finalize(self, connections.close)  # dropped without close(): closed all the same
+        return connections
+
+    def _forget_parent(self) -> None:
+        super()._forget_parent()
+        # The parent's connections are left to the parent, as the engine's are.
+        self._connections = self._new_connections()
+
+    def close(self) -> None:
+        # Replaced first: an operation in flight gives its connection back to the closed pool, which closes it.
+        connections, self._connections = self._connections, self._new_connections()
+        connections.close()
+        super().close()
+
+    # --- running steps: on a sqlite3 connection of the ledger's own ---------------------
+    # SQLAlchemy Core would cost far more per statement than SQLite takes to run it, and so
+    # would a checkout from its pool (about 35 us a replay, and a lock that threads convoy on).
 
     def _run(self, step: Step | Any) -> Any:
         if type(step) is not Step:
             return step
-        pool = self.engine.pool
-        connection = pool.connect()
+        if not self._schema_ready:
+            self.engine  # noqa: B018 - creates the table on first use
+        connections = self._connections
+        connection = connections.take()
         try:
             cursor = connection.cursor()
             try:
@@ -145,12 +180,43 @@ class SqliteLedger(SqlLedger):
             finally:
                 cursor.close()
         finally:
-            connection.close()  # back to the pool
-            # close() drops the engine before disposing of its pool: if it has begun, this
-            # connection may have come back after the pool closed its idle ones; close it.
-            engine = self._engine
-            if engine is None or engine.pool is not pool:
-                pool.dispose()
+            connections.give_back(connection)
+
+
+class _Connections:
+    """A ledger's sqlite3 connections, idle ones newest first.
+
+    Taking one and giving it back are a list pop and an append, each atomic: no lock for
+    threads to queue on. Idle connections are kept as many as were ever in use at once.
+    """
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+        self._connect = connect
+        self._idle: list[sqlite3.Connection] = []
+        self.closed = False
+
+    def take(self) -> sqlite3.Connection:
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self._connect()
+
+    def give_back(self, connection: sqlite3.Connection) -> None:
+        if connection.in_transaction:  # a statement that failed part way left one open: not fit to share
+            connection.close()
+            return
+        self._idle.append(connection)
+        if self.closed:  # closed meanwhile: close() may have emptied the list before this append
+            self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        while self._idle:
+            try:
+                connection = self._idle.pop()
+            except IndexError:  # another thread closing it took the last one
+                return
+            connection.close()
 
 
 class SqliteOperations(Operations):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -457,11 +458,22 @@ def test_a_connection_in_use_when_the_ledger_closes_is_closed_when_given_back(po
 
 
 def test_a_sqlite_connection_in_use_when_the_ledger_closes_is_closed_when_given_back(tmp_path: Path) -> None:
-    """The same on SQLite: not left idle in the pool close() disposed of (open until collected)."""
+    """The same on SQLite: not left idle among the connections close() closed (open until collected)."""
     ledger = SqliteLedger(tmp_path / "ledger.db")
-    pool = ledger.engine.pool
+    connections = ledger._connections
+    used: list[sqlite3.Connection] = []
+    original = connections.take
+
+    def take() -> sqlite3.Connection:
+        used.append(original())
+        return used[-1]
+
+    connections.take = take  # type: ignore[method-assign]
     _close_while_an_operation_runs(ledger)
-    assert pool.checkedin() == 0, "the connection came back after close() and was kept open"
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        used[0].execute("SELECT 1")
+    assert connections._idle == []  # nor kept among the connections a later use takes
+    ledger.close()
 
 
 @pytest.mark.parametrize("size", [0, -1, 1.5, True])
