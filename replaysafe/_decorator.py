@@ -101,11 +101,13 @@ class _Tool:
         if unknown:
             raise TypeError(f"@replay_safe(exclude_args=...) on {spec.name}: no parameter named {', '.join(unknown)}")
         parameters = list(signature.parameters.values())
-        # Called through an instance or class, wrapt hands us args without self/cls.
-        self._signatures = (signature, signature.replace(parameters=parameters[1:]))
-        self._binders = (_Binder.of(parameters), _Binder.of(parameters[1:]))
+        # Called through an instance or class, wrapt hands us args without self/cls: the parameters
+        # after the first, unless the first is *args (``def go(*args)``), which took the receiver in.
+        receiver = int(bool(parameters) and parameters[0].kind is not inspect.Parameter.VAR_POSITIONAL)
+        self._signatures = (signature, signature.replace(parameters=parameters[receiver:]))
+        self._binders = (_Binder.of(parameters), _Binder.of(parameters[receiver:]))
         names = [parameter.name for parameter in parameters]
-        self._digests = (SignatureDigest(names, exclude_args), SignatureDigest(names[1:], exclude_args))
+        self._digests = (SignatureDigest(names, exclude_args), SignatureDigest(names[receiver:], exclude_args))
         # How many arguments, given by position, are every parameter in order (-1: no such call).
         self._arity = tuple(-1 if binder is None else binder.all_by_position for binder in self._binders)
         # Under @classmethod, Python 3.13 calls the wrapper with the class as a plain first argument

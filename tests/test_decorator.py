@@ -350,6 +350,25 @@ def test_a_method_under_a_decorator_that_hides_its_name_keeps_its_receiver_out(m
     assert runs == ["o1"]
 
 
+def test_a_method_whose_receiver_is_in_its_star_args_binds_and_replays(memory_ledger: MemoryLedger) -> None:
+    """``def charge(*args, **kwargs)`` in a class: the receiver is ``args[0]``, not a parameter of its
+    own. Called through an instance it binds (it raised "too many positional arguments"), its receiver
+    left out of the digest, and it replays on another instance."""
+    runs: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    class Billing:
+        @replay_safe(ledger=memory_ledger)
+        def charge(*args: Any, **kwargs: Any) -> str:
+            runs.append((args[1:], kwargs))
+            return f"charged {args[1]}"
+
+    key = ids()
+    for billing in (Billing(), Billing()):
+        with tool_call(*key):
+            assert billing.charge("o1", amount=5) == "charged o1"
+    assert runs == [(("o1",), {"amount": 5})]
+
+
 def test_a_function_whose_first_parameter_is_self_keeps_wrapts_proxy() -> None:
     """Defined outside a class but meant as a method (first parameter ``self``): bound like a method."""
     import types
