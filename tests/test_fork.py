@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from replaysafe import CallKey, Ledger, PostgresLedger, RedisLedger, Status, replay_safe, tool_call
+from replaysafe import CallKey, Ledger, PostgresLedger, RedisLedger, SqliteLedger, Status, replay_safe, tool_call
 from replaysafe._owners import _process_start, owner_token
 from replaysafe.ledgers._sql import Step
 
@@ -124,7 +124,8 @@ def test_a_forked_child_has_its_own_owner_token() -> None:
 
 
 def _connection_ids(ledger: Ledger, loop: asyncio.AbstractEventLoop) -> list[Any]:
-    """The server's id of the sync connection and of the async one of ``loop`` (none for SQLite)."""
+    """The server's id of the sync connection and of the async one of ``loop``; for SQLite, the id of
+    the sync connection's object."""
     if isinstance(ledger, RedisLedger):
         # Asked where the ledger's operations go: its held connections, not the client's pool.
         sync_id = ledger._commands.execute_command("CLIENT ID")
@@ -140,7 +141,10 @@ def _connection_ids(ledger: Ledger, loop: asyncio.AbstractEventLoop) -> list[Any
             return await ledger.aio._run(backend_pid)  # type: ignore[attr-defined]
 
     else:
-        return []
+        assert isinstance(ledger, SqliteLedger)
+        connection = ledger._connections.take()  # the one the next operation runs on (SQLite has no server id)
+        ledger._connections.give_back(connection)
+        return [id(connection)]
     return [sync_id, loop.run_until_complete(async_id())]
 
 

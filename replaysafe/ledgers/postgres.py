@@ -34,6 +34,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.schema import CreateIndex, CreateSchema, CreateTable
 
 from .._records import ClaimResult, Record
+from ._idle import IdleConnections
 from ._options import given_first, io_timeouts, split_url_options
 from ._protocol import TRANSIENT_FIX, AsyncLedger, AsyncStoredLedger, LedgerFault, RetryPolicy, SigningKey
 from ._sql import CLAIM_ROW, INSERT_COLUMNS, RECORD_COLUMNS, Dialect, Operations, SqlLedger, Step
@@ -506,7 +507,7 @@ class PostgresLedger(SqlLedger):
 
     def close(self) -> None:
         """Close the connections this ledger opened; a shared engine is left as it is."""
-        self._pool.close()
+        self._pool.close_all()
         self._pool = _Pool(self._connect, self.pool_size)  # it reopens lazily if used again
         if self._aio_pg is not None:
             self._aio_pg.close()
@@ -627,29 +628,24 @@ def _idle(conn: Any) -> bool:
     return bool(pgconn.status == _OK and pgconn.transaction_status == _IDLE)
 
 
-class _Idle:
-    """Idle connections, newest first, and whether one coming back is fit to keep.
+class _Idle(IdleConnections[Held]):
+    """Idle connections (``IdleConnections``), and whether one coming back is fit to keep.
 
     What the sync and the async pool share: taking and returning never waits, so a
     call on the hot path pays a list pop, an append and one zero-timeout poll.
     """
 
-    def __init__(self) -> None:
-        self._conns: list[Held] = []  # list.pop and .append are atomic: no lock
-        self.closed = False
+    __slots__ = ()
 
     def take(self) -> Held | None:
-        while True:
-            try:
-                held = self._conns.pop()
-            except IndexError:
-                return None
+        while (held := self.pop()) is not None:
             if _usable(held[0]):
                 return held
             conn = held[0]
             conn.pgconn.finish()  # dead since a server restart (or cut): drop it, take the next
+        return None
 
-    def keep(self, held: Held) -> None:
+    def give_back(self, held: Held) -> None:
         """Keep a returned connection, or let it go: broken ones, and any once the pool is closed."""
         conn, _, shared = held
         if shared is not None:  # a shared engine's: back to its own pool, as it was given
@@ -660,15 +656,15 @@ class _Idle:
             if restore:
                 conn.autocommit = False
             fairy.close()
-        elif self.closed or not _idle(conn):
+        elif not _idle(conn):
             conn.pgconn.finish()  # closes without waiting on a loop (an async one too)
         else:
-            self._conns.append(held)
+            for closed in self.keep(held):
+                closed[0].pgconn.finish()
 
-    def close(self) -> None:
-        self.closed = True
-        while self._conns:
-            conn = self._conns.pop()[0]  # held by a name: a temporary would be freed (and warn) before finish()
+    def close_all(self) -> None:
+        for held in self.close():
+            conn = held[0]  # held by a name: a temporary would be freed (and warn) before finish()
             conn.pgconn.finish()
 
 
@@ -705,7 +701,7 @@ class _Pool(_Idle):
 
     def put(self, held: Held) -> None:
         try:
-            self.keep(held)
+            self.give_back(held)
         finally:
             self._slots.put(None)
 
@@ -736,7 +732,7 @@ class _AsyncPool(_Idle):
 
     def put(self, held: Held) -> None:
         try:
-            self.keep(held)
+            self.give_back(held)
         finally:
             self._slots.release()
 
@@ -796,7 +792,7 @@ class _AsyncPostgresLedger(AsyncStoredLedger):
             pool = self._pools[loop] = _AsyncPool(self._connect, self._ledger.pool_size)
             # When the loop is gone, so is the pool's use: close its connections then
             # (the finalizer's reference keeps the pool alive until it has).
-            weakref.finalize(loop, pool.close)
+            weakref.finalize(loop, pool.close_all)
         return pool
 
     async def _connect(self) -> Held:
@@ -831,7 +827,7 @@ class _AsyncPostgresLedger(AsyncStoredLedger):
 
     def close(self) -> None:
         for pool in list(self._pools.values()):
-            pool.close()
+            pool.close_all()
         self._pools.clear()
 
     def _forget_parent_connections(self) -> None:

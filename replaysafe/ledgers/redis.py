@@ -43,6 +43,7 @@ from redis.retry import Retry
 
 from .._errors import ReplaySafeWarning
 from .._records import CallKey, ClaimResult, Record, Status, expires_at, new_tuple
+from ._idle import IdleConnections
 from ._options import given_first, io_timeouts, split_url_options
 from ._protocol import (
     TRANSIENT_FIX,
@@ -405,9 +406,7 @@ class _Held:
         pool = client.connection_pool
         self._make: Callable[[], Any] = functools.partial(pool.connection_class, **pool.connection_kwargs)
         self._callbacks: dict[str, Callable[[Any], Any]] = client.response_callbacks
-        self._idle: list[Any] = []
-        #: Set by ``close()``: a connection a command in flight gives back afterwards is closed too.
-        self._closed = False
+        self._idle: IdleConnections[Any] = IdleConnections()
 
     @staticmethod
     def fits(client: Any) -> bool:
@@ -418,10 +417,8 @@ class _Held:
         return type(pool) in (*plain, *plain_async) and getattr(pool, "cache", None) is None
 
     def _take(self) -> Any:
-        try:
-            return self._idle.pop()
-        except IndexError:
-            return self._make()
+        conn = self._idle.pop()
+        return self._make() if conn is None else conn
 
     def _read(self, name: str, reply: Any) -> Any:
         callback = self._callbacks.get(name)
@@ -437,9 +434,8 @@ class _Held:
             conn.disconnect()
             raise
         finally:
-            self._idle.append(conn)
-            if self._closed:  # closed while this command ran: its connection must not stay open
-                self.close()
+            for closed in self._idle.keep(conn):  # closed while this command ran: not to stay open
+                closed.disconnect()
         return self._read(command[0], reply)
 
     def pipeline(self, transaction: bool) -> Any:
@@ -449,12 +445,7 @@ class _Held:
         return self.client.script_load(text)
 
     def close(self) -> None:
-        self._closed = True
-        while self._idle:
-            try:
-                conn = self._idle.pop()
-            except IndexError:  # another thread took the last one
-                break
+        for conn in self._idle.close():
             conn.disconnect()
 
 
@@ -492,16 +483,13 @@ class _AsyncHeld(_Held):
             await conn.disconnect(nowait=True)
             raise
         finally:
-            if self._closed:  # closed while this command ran: its connection must not stay open
-                await conn.disconnect(nowait=True)
-            else:
-                self._idle.append(conn)
+            for closed in self._idle.keep(conn):  # closed while this command ran: not to stay open
+                await closed.disconnect(nowait=True)
         return self._read(command[0], reply)
 
     async def aclose(self) -> None:
-        self._closed = True
-        while self._idle:
-            await self._idle.pop().disconnect()
+        for conn in self._idle.close():
+            await conn.disconnect()
 
 
 #: ``asyncio.timeout`` (Python 3.11+), else ``None``.

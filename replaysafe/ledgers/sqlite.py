@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from .._records import ClaimResult, Record
+from ._idle import IdleConnections
 from ._options import given_first, split_url_options
 from ._protocol import TRANSIENT_FIX, LedgerFault, RetryPolicy, SigningKey
 from ._sql import CLAIM_ROW, INSERT_COLUMNS, KEYED_COLUMNS, Dialect, Operations, SqlLedger, Step
@@ -76,6 +77,7 @@ class SqliteLedger(SqlLedger):
         self._connect_args = url.get_dialect()().create_connect_args(url)
         super().__init__(None, url, table, None, ttl, create_schema, retry, signing_key)
         self._ops = SqliteOperations(f'"{self.table.name}"', self.ttl)
+        self._orphans: list[_Connections] = []  # a forked child's: its parent's connections
         self._connections = self._new_connections()
 
     def __repr__(self) -> str:
@@ -144,18 +146,24 @@ class SqliteLedger(SqlLedger):
 
     def _new_connections(self) -> _Connections:
         connections = _Connections(self._connect)
-        weakref.finalize(self, connections.close)  # dropped without close(): closed all the same
+        # Dropped without close(), the ledger closes them all the same: sqlite3 leaves an open
+        # connection to the garbage collector, which Python 3.13 warns of.
+        self._closing = weakref.finalize(self, connections.close_all)
         return connections
 
     def _forget_parent(self) -> None:
         super()._forget_parent()
-        # The parent's connections are left to the parent, as the engine's are.
+        # The parent's connections are the parent's: never closed in the child (a close may
+        # checkpoint the file), so neither closed at collection nor collected.
+        self._closing.detach()
+        self._orphans.append(self._connections)
         self._connections = self._new_connections()
 
     def close(self) -> None:
-        # Replaced first: an operation in flight gives its connection back to the closed pool, which closes it.
-        connections, self._connections = self._connections, self._new_connections()
-        connections.close()
+        # Replaced first: an operation in flight gives its connection back to the closed set, which closes it.
+        closing = self._closing
+        self._connections = self._new_connections()
+        closing()  # once, now: not again at collection
         super().close()
 
     # --- running steps: on a sqlite3 connection of the ledger's own ---------------------
@@ -183,39 +191,25 @@ class SqliteLedger(SqlLedger):
             connections.give_back(connection)
 
 
-class _Connections:
-    """A ledger's sqlite3 connections, idle ones newest first.
-
-    Taking one and giving it back are a list pop and an append, each atomic: no lock for
-    threads to queue on. Idle connections are kept as many as were ever in use at once.
-    """
+class _Connections(IdleConnections[sqlite3.Connection]):
+    """A ledger's sqlite3 connections: as many are kept idle as were ever in use at once."""
 
     def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+        super().__init__()
         self._connect = connect
-        self._idle: list[sqlite3.Connection] = []
-        self.closed = False
 
     def take(self) -> sqlite3.Connection:
-        try:
-            return self._idle.pop()
-        except IndexError:
-            return self._connect()
+        return self.pop() or self._connect()
 
     def give_back(self, connection: sqlite3.Connection) -> None:
         if connection.in_transaction:  # a statement that failed part way left one open: not fit to share
             connection.close()
             return
-        self._idle.append(connection)
-        if self.closed:  # closed meanwhile: close() may have emptied the list before this append
-            self.close()
+        for closed in self.keep(connection):
+            closed.close()
 
-    def close(self) -> None:
-        self.closed = True
-        while self._idle:
-            try:
-                connection = self._idle.pop()
-            except IndexError:  # another thread closing it took the last one
-                return
+    def close_all(self) -> None:
+        for connection in self.close():
             connection.close()
 
 

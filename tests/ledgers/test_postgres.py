@@ -453,7 +453,7 @@ def test_a_connection_in_use_when_the_ledger_closes_is_closed_when_given_back(po
     ledger._pool.get = get  # type: ignore[method-assign]
     _close_while_an_operation_runs(ledger)
     assert used[0].closed, "the connection came back after close() and was kept open"
-    assert ledger._pool._conns == []  # nor put into the pool a later use opens
+    assert len(ledger._pool) == 0  # nor put into the pool a later use opens
     ledger.close()
 
 
@@ -472,7 +472,7 @@ def test_a_sqlite_connection_in_use_when_the_ledger_closes_is_closed_when_given_
     _close_while_an_operation_runs(ledger)
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         used[0].execute("SELECT 1")
-    assert connections._idle == []  # nor kept among the connections a later use takes
+    assert len(connections) == 0  # nor kept among the connections a later use takes
     ledger.close()
 
 
