@@ -7,6 +7,7 @@ through a pipe and leaves with ``os._exit`` (no pytest teardown runs in it).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import select
@@ -14,6 +15,7 @@ import signal
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -230,6 +232,24 @@ def _renewed_while_running(ledger: Ledger, thread_id: str) -> bool:
 
     with tool_call(*key):
         return long_task()
+
+
+def test_a_forked_child_closes_none_of_its_parents_connections(durable_ledger: Ledger) -> None:
+    """What a child inherits of its parent's connections (the ledger's own, its engine's) is the
+    parent's: never closed in the child, not even collected there, which closes them (sqlite3 warns
+    of it from Python 3.13: seen for the SQLite engine's connection before it was kept)."""
+    key = CallKey(new_thread_id(), "msg_1", "call_1")
+    assert durable_ledger.get(key) is None  # the parent's connections opened (and a SQL ledger's table made)
+
+    def child() -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert durable_ledger.get(key) is None  # on connections of the child's own
+            gc.collect()
+        return [f"{w.category.__name__}: {w.message}" for w in caught if issubclass(w.category, ResourceWarning)]
+
+    assert in_child(child) == []
+    assert durable_ledger.get(key) is None  # the parent's still serve it
 
 
 def test_a_forked_child_renews_its_own_leases(durable_ledger: Ledger) -> None:

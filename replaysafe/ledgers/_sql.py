@@ -344,6 +344,8 @@ class SqlLedger(StoredLedger):
         self._owns_engine = engine is None
         self._schema_ready = False
         self._engine_lock = threading.Lock()
+        # What a forked child inherited: kept, never used or closed (they hold the parent's connections).
+        self._orphans: list[Any] = []
         forget_in_forked_child(self)
 
     # --- engine lifecycle ------------------------------------------------------
@@ -384,6 +386,8 @@ class SqlLedger(StoredLedger):
     def _forget_parent(self) -> None:
         self._engine_lock = threading.Lock()  # a fork may copy it held by another thread
         if self._engine is not None and self._owns_engine:
+            # The old pool is kept: collected, its connections (the parent's) would be closed here.
+            self._orphans.append(self._engine.pool)
             self._engine.dispose(close=False)
 
     def close(self) -> None:

@@ -324,8 +324,6 @@ class PostgresLedger(SqlLedger):
         super().__init__(engine, url, table, schema, ttl, create_schema, retry, signing_key)
         self._ops = PostgresOperations(self._quoted_table(), self.ttl, self._quoted_claim_function())
         self._pool = _Pool(self._connect, pool_size)
-        # Pools a forked child inherited: kept, never used or closed (they hold the parent's sockets).
-        self._orphans: list[Any] = []
         self._aio_pg: _AsyncPostgresLedger | None = None
 
     def __repr__(self) -> str:

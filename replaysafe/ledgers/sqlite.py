@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import os
 import sqlite3
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,14 +71,23 @@ class SqliteLedger(SqlLedger):
             )
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}")
+        if not database.startswith("file:"):
+            # Resolved now, once: the engine (the table) and the operations' connections, opened at
+            # other times, must not find two files if the working directory changes in between.
+            database = os.path.abspath(database)
+            url = url.set(database=database)
         self.path = Path(database)
-        self._synchronous = synchronous
         self._busy_timeout_ms = int((busy_timeout if busy_timeout is not None else 30.0) * 1000)
+        #: Autocommit aside, how every connection is set up: WAL, and the ledger's settings.
+        self._pragmas = (
+            "PRAGMA journal_mode=WAL",
+            f"PRAGMA synchronous={synchronous}",
+            f"PRAGMA busy_timeout={self._busy_timeout_ms}",
+        )
         # The driver's arguments as SQLAlchemy reads them off the URL (a uri=true file, a timeout).
         self._connect_args = url.get_dialect()().create_connect_args(url)
         super().__init__(None, url, table, None, ttl, create_schema, retry, signing_key)
         self._ops = SqliteOperations(f'"{self.table.name}"', self.ttl)
-        self._orphans: list[_Connections] = []  # a forked child's: its parent's connections
         self._connections = self._new_connections()
 
     def __repr__(self) -> str:
@@ -115,37 +125,16 @@ class SqliteLedger(SqlLedger):
             hide_parameters=True,  # parameters hold results: never in error messages or logs
             connect_args={"check_same_thread": False},
         )
-        sa.event.listen(engine, "connect", lambda dbapi_connection, _record: self._configure(dbapi_connection))
+        pragmas = self._pragmas  # not self: the engine's listener must not keep the ledger alive
+        sa.event.listen(engine, "connect", lambda dbapi_connection, _record: _configure(dbapi_connection, pragmas))
         # A ledger dropped without close() closes its pooled connections all the same: sqlite3
         # leaves an open one to the garbage collector, which Python 3.13 warns of.
         weakref.finalize(self, engine.dispose)
         return engine
 
-    def _configure(self, connection: sqlite3.Connection) -> None:
-        """Autocommit (every statement its own atomic transaction), WAL, and the ledger's settings."""
-        connection.isolation_level = None
-        cursor = connection.cursor()
-        for pragma in (
-            "PRAGMA journal_mode=WAL",
-            f"PRAGMA synchronous={self._synchronous}",
-            f"PRAGMA busy_timeout={self._busy_timeout_ms}",
-        ):
-            cursor.execute(pragma)
-        cursor.close()
-
-    def _connect(self) -> sqlite3.Connection:
-        args, options = self._connect_args
-        connect: Callable[..., sqlite3.Connection] = sqlite3.connect
-        connection = connect(*args, **{**options, "check_same_thread": False})
-        try:
-            self._configure(connection)
-        except BaseException:
-            connection.close()
-            raise
-        return connection
-
     def _new_connections(self) -> _Connections:
-        connections = _Connections(self._connect)
+        # Made of plain values, not of the ledger: its finalizer, below, must not keep it alive.
+        connections = _Connections(functools.partial(_open, *self._connect_args, self._pragmas))
         # Dropped without close(), the ledger closes them all the same: sqlite3 leaves an open
         # connection to the garbage collector, which Python 3.13 warns of.
         self._closing = weakref.finalize(self, connections.close_all)
@@ -156,7 +145,7 @@ class SqliteLedger(SqlLedger):
         # The parent's connections are the parent's: never closed in the child (a close may
         # checkpoint the file), so neither closed at collection nor collected.
         self._closing.detach()
-        self._orphans.append(self._connections)
+        self._orphans.append(self._connections)  # kept: collected, they would be closed
         self._connections = self._new_connections()
 
     def close(self) -> None:
@@ -189,6 +178,27 @@ class SqliteLedger(SqlLedger):
                 cursor.close()
         finally:
             connections.give_back(connection)
+
+
+def _configure(connection: sqlite3.Connection, pragmas: tuple[str, ...]) -> None:
+    """Autocommit (every statement its own atomic transaction), then ``pragmas``."""
+    connection.isolation_level = None
+    cursor = connection.cursor()
+    for pragma in pragmas:
+        cursor.execute(pragma)
+    cursor.close()
+
+
+def _open(args: Sequence[Any], options: Mapping[str, Any], pragmas: tuple[str, ...]) -> sqlite3.Connection:
+    """A connection for ledger operations, as SQLAlchemy would open it for the engine."""
+    connect: Callable[..., sqlite3.Connection] = sqlite3.connect
+    connection = connect(*args, **{**options, "check_same_thread": False})
+    try:
+        _configure(connection, pragmas)
+    except BaseException:
+        connection.close()
+        raise
+    return connection
 
 
 class _Connections(IdleConnections[sqlite3.Connection]):

@@ -1,0 +1,64 @@
+"""The SQLite ledger's own connections: where they point, when they close, and that they let the ledger go."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sqlite3
+import weakref
+from pathlib import Path
+
+import pytest
+
+from replaysafe import CallKey, SqliteLedger
+
+
+def _operations_connection(ledger: SqliteLedger) -> sqlite3.Connection:
+    """The connection the ledger's next operation runs on."""
+    connection = ledger._connections.take()
+    ledger._connections.give_back(connection)
+    return connection
+
+
+def _closed(connection: sqlite3.Connection) -> bool:
+    try:
+        connection.execute("SELECT 1")
+    except sqlite3.ProgrammingError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("closed_first", [False, True])
+def test_a_ledger_dropped_is_collected_and_its_connections_closed(tmp_path: Path, closed_first: bool) -> None:
+    """Nothing the ledger leaves behind (its engine's listener, the finalizer of its connections) holds it:
+    dropped, with or without ``close()``, it is collected and no connection of its own stays open."""
+    ledger = SqliteLedger(tmp_path / "ledger.db")
+    assert ledger.get(CallKey("t", "m", "c")) is None  # the table made, a connection opened
+    connection = _operations_connection(ledger)
+    if closed_first:
+        ledger.close()
+        assert _closed(connection)
+    alive = weakref.ref(ledger)
+    del ledger
+    gc.collect()
+    assert alive() is None, "the ledger was kept alive by what it left behind"
+    assert _closed(connection)
+
+
+def test_a_relative_path_is_one_file_whatever_the_working_directory_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative path names the file in the working directory of the ledger's making: its table (made
+    at first use, by the engine) and its operations (on connections of their own) use that one file."""
+    made_in, later = tmp_path / "made-in", tmp_path / "later"
+    made_in.mkdir()
+    later.mkdir()
+    monkeypatch.chdir(made_in)
+    ledger = SqliteLedger("ledger.db")
+    monkeypatch.chdir(later)
+    try:
+        assert list(ledger.records()) == []
+        assert ledger.path == made_in / "ledger.db"
+        assert os.listdir(later) == []
+    finally:
+        ledger.close()
