@@ -56,10 +56,16 @@ class SqliteLedger(SqlLedger):
         signing_key: SigningKey | None = None,
     ) -> None:
         text = os.fspath(path_or_url)
-        if text.startswith("sqlite:"):
+        if text.startswith(("sqlite:", "sqlite+")):  # a URL, with or without its driver
             text, from_url = split_url_options(text, _LEDGER_OPTIONS, (), "SqliteLedger")
             table, ttl, busy_timeout = given_first(from_url, table=table, ttl=ttl, busy_timeout=busy_timeout)
             url = sa.make_url(text)
+            if url.get_driver_name() != "pysqlite":
+                # Its operations run on sqlite3 connections of its own: another driver's file would not open.
+                raise ValueError(
+                    f"SqliteLedger runs on Python's sqlite3 driver (sqlite:// or sqlite+pysqlite://), not "
+                    f"{url.get_driver_name()!r}: use a sqlite:// URL"
+                )
             database = url.database or ""
         else:
             database = text

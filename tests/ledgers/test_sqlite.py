@@ -62,3 +62,12 @@ def test_a_relative_path_is_one_file_whatever_the_working_directory_later(
         assert os.listdir(later) == []
     finally:
         ledger.close()
+
+
+@pytest.mark.parametrize("driver", ["pysqlcipher", "aiosqlite"])
+def test_a_url_of_another_sqlite_driver_is_refused(tmp_path: Path, driver: str) -> None:
+    """Operations run on sqlite3 connections of the ledger's own: another driver's URL is refused at
+    construction, naming the URL to use, instead of failing on a file sqlite3 cannot read."""
+    with pytest.raises(ValueError, match="sqlite3 driver .* not '" + driver + "': use a sqlite:// URL"):
+        SqliteLedger(f"sqlite+{driver}:///{tmp_path}/ledger.db")
+    assert SqliteLedger(f"sqlite+pysqlite:///{tmp_path}/ledger.db").path == tmp_path / "ledger.db"
