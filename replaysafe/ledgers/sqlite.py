@@ -246,20 +246,17 @@ class SqliteOperations(Operations):
         params = self.claim_params(record)
         now = params[7]
 
-        def live(rows: Any, count: int) -> ClaimResult | Step:
+        def found(rows: Any, count: int) -> ClaimResult | Step:
+            # No row: none live at first, or released between our insert and our read: claim.
             return ClaimResult(self.keyed_record(rows[0]), False) if rows else insert
 
         def inserted(rows: Any, count: int) -> ClaimResult | Step:
             # Not inserted: another claim came in since the first read.
             return ClaimResult(record, True) if count == 1 else look
 
-        def found(rows: Any, count: int) -> ClaimResult | Step:
-            # No row: released between our insert and our read, so claim again.
-            return ClaimResult(self.keyed_record(rows[0]), False) if rows else insert
-
         insert = Step(self._claim, (*params, now), inserted)  # now again: the ttl test
         look = Step(self._read, (params[0],), found)
-        return Step(self._read_live, (params[0], now), live)
+        return Step(self._read_live, (params[0], now), found)
 
 
 def _stamp(moment: dt.datetime | None) -> str | None:
