@@ -176,6 +176,47 @@ def _ours(group: dict[str, Block], ledger: Ledger, loop: asyncio.AbstractEventLo
     return tools
 
 
+def floor_then_memory_call(
+    floor_op: Callable[[str], Any],
+    names: Callable[[int], list[str]],
+    keys: Callable[[int], list[tuple[str, str, str]]],
+    tools: subjects.Tools,
+) -> Block:
+    """The floor's operation, each followed by the same kind of call on the memory ledger: the
+    library's own work as it runs right after the round trips (context for the ledgers' ratios)."""
+
+    def block(r: int) -> float:
+        pairs = list(zip(names(r), keys(r), strict=True))
+        start = time.perf_counter()
+        for name, (thread_id, message_id, tool_call_id) in pairs:
+            floor_op(name)
+            with tool_call(thread_id, message_id, tool_call_id):
+                tools.sync(subjects.ORDER_ID)
+        return time.perf_counter() - start
+
+    return block
+
+
+def _after_round_trips(group: dict[str, Block], floor: subjects.Floor, calls: int, name: Callable[[str], str]) -> None:
+    """``floor-then-memory.sync.{miss,hit}``: the floor's sync miss (hit), each followed by a first
+    call (a replay) on the memory ledger."""
+    tools = subjects.Tools(MemoryLedger())
+    hits = _hit_ids(calls, "m")
+    _record(tools, hits)
+    hit_names = [name(f"shit-{i}") for i in range(calls)]  # the floor's own hit records (``_floor``)
+    group["floor-then-memory.sync.miss"] = floor_then_memory_call(
+        floor.miss, lambda r: [name(f"m{r}-{i}") for i in range(calls)], lambda r: _miss_ids(r, calls, "m"), tools
+    )
+    group["floor-then-memory.sync.hit"] = floor_then_memory_call(floor.hit, lambda r: hit_names, lambda r: hits, tools)
+
+
+#: Context: the floor plus the same call on the memory ledger after it, against the floor alone.
+_AFTER_ROUND_TRIPS = [
+    (f"context.memory_call_after_round_trips.sync.{kind}", f"floor-then-memory.sync.{kind}", f"floor.sync.{kind}")
+    for kind in ("miss", "hit")
+]
+
+
 def _floor(
     group: dict[str, Block],
     floor: subjects.Floor,
@@ -300,7 +341,9 @@ def postgres_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractE
         lambda table: PostgresLedger(scratch.postgres_url or "", schema=scratch.schema, table=table)
     )
     floor = subjects.PostgresFloor(libpq_url(scratch.postgres_url), scratch.schema)
-    _floor(blocks, floor, loop, calls, lambda m: subjects.key_digest(THREAD, m, "c"))
+    floor_name = functools.partial(subjects.key_digest, THREAD, tool_call_id="c")
+    _floor(blocks, floor, loop, calls, floor_name)
+    _after_round_trips(blocks, floor, calls, floor_name)
     # Context: both sides with synchronous_commit=off (a commit does not wait for the WAL flush).
     relaxed = "-c synchronous_commit=off"
     relaxed_url = f"{scratch.postgres_url}{'&' if '?' in scratch.postgres_url else '?'}options={quote(relaxed)}"
@@ -314,6 +357,7 @@ def postgres_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractE
     compare = [
         *_OURS_VS_FLOOR,
         ("context.synchronous_commit_off.sync.miss", "ours-commit-off.sync.miss", "floor-commit-off.sync.miss"),
+        *_AFTER_ROUND_TRIPS,
     ]
 
     def close() -> None:
@@ -332,7 +376,12 @@ def redis_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEven
     ledger = RedisLedger(scratch.redis_url, prefix=f"{scratch.prefix}:ours")
     _ours(blocks, ledger, loop, calls)
     floor = subjects.RedisFloor(scratch.redis_url)
-    _floor(blocks, floor, loop, calls, lambda m: f"{scratch.prefix}:floor:{{{THREAD}}}:{m}:c")
+
+    def floor_name(message_id: str) -> str:
+        return f"{scratch.prefix}:floor:{{{THREAD}}}:{message_id}:c"
+
+    _floor(blocks, floor, loop, calls, floor_name)
+    _after_round_trips(blocks, floor, calls, floor_name)
     # Context: the floor on one held connection, below redis-py's command layer.
     held = subjects.RedisHeldFloor(scratch.redis_url)
     held_hits = [f"{scratch.prefix}:held:{{{THREAD}}}:hit-{i}:c" for i in range(calls)]
@@ -348,6 +397,7 @@ def redis_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEven
             (f"context.held_connection.sync.{kind}", f"ours.sync.{kind}", f"floor-held.sync.{kind}")
             for kind in ("miss", "hit")
         ),
+        *_AFTER_ROUND_TRIPS,
     ]
     closers: list[Callable[[], None]] = [held.close]
     notes: list[str] = []

@@ -91,9 +91,16 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
     for ledger in ("redis", "postgres"):
         trips = results["overhead"][ledger]["round_trips"]
         assert (trips["ours.miss"], trips["ours.hit"]) == (trips["floor.miss"], trips["floor.hit"]) == (2, 1), trips
-    # Context rows: Redis on a held connection, PostgreSQL with synchronous_commit=off.
+    # Context rows: Redis on a held connection, PostgreSQL with synchronous_commit=off; on both, the floor
+    # followed by the same call on the memory ledger, timed as a block of its own and set against the floor.
     assert {"context.held_connection.sync.miss", "context.held_connection.sync.hit"} <= set(results["floor"]["redis"])
     assert "context.synchronous_commit_off.sync.miss" in results["floor"]["postgres"]
+    for ledger in ("redis", "postgres"):
+        for kind in ("miss", "hit"):
+            after = results["floor"][ledger][f"context.memory_call_after_round_trips.sync.{kind}"]
+            assert (after["ours"], after["other"]) == (f"floor-then-memory.sync.{kind}", f"floor.sync.{kind}")
+            assert results["overhead"][ledger]["per_call_us"][after["ours"]]["median"] > 0
+    assert "memory_call_after_round_trips" in markdown
     assert "### Context" in markdown and "round trips on the wire" in markdown
     # The progress bar names the sections on stderr.
     from benchmarks.cli import SECTIONS as RUN
