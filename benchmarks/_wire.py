@@ -69,7 +69,10 @@ class Relay:
                         if side == "server" and turn[0] == "client":
                             self.round_trips += 1
                         turn[0] = side
-                    sink.sendall(data)
+                    try:
+                        sink.sendall(data)
+                    except OSError:
+                        return  # the relay closed its sockets (close()) while bytes were in flight
 
             threading.Thread(target=pump, args=(client, server, "client"), daemon=True).start()
             threading.Thread(target=pump, args=(server, client, "server"), daemon=True).start()
