@@ -270,14 +270,16 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     try:
         return await answer
     except asyncio.CancelledError:
-        if task.done():  # now, not on a loop turn that an interrupt raised below may never come to
-            _after_interrupted(op, driving, task)
-        else:
-            _kept_until_done(task)
-            task.add_done_callback(functools.partial(_after_interrupted, op, driving))
+        _undo_once_done(op, driving, task)
         interrupt = answer.exception() if answer.done() and not answer.cancelled() else None
         if isinstance(interrupt, _INTERRUPTS):
             raise interrupt from None  # handed over just before the cancel: the interrupt wins
+        raise
+    except _INTERRUPTS:
+        # Interrupted mid-operation (handed over by the task, or raised in this frame): the caller
+        # stops here, so what the operation did is undone once its outcome is known, as the sync
+        # driver's ``perform`` does; a claim that landed would otherwise stay running under a live owner.
+        _undo_once_done(op, driving, task)
         raise
     except BaseException:
         if task.done() and not task.cancelled():  # it ended raising this same error: not to be logged as unread
@@ -320,6 +322,15 @@ def _started(loop: asyncio.AbstractEventLoop, answering: Coroutine[Any, Any, Any
     return task
 
 
+def _undo_once_done(op: LedgerOp, driving: Driving, task: asyncio.Future[Any]) -> None:
+    """The caller of ``op`` leaves before it ends: undo or finish it once its outcome is known."""
+    if task.done():  # now, not on a loop turn that an interrupt raised may never come to
+        _after_interrupted(op, driving, task)
+    else:
+        _kept_until_done(task)
+        task.add_done_callback(functools.partial(_after_interrupted, op, driving))
+
+
 def _kept_until_done(task: asyncio.Future[Any]) -> None:
     """Keep ``task``, whose caller (and only holder) is leaving, from being collected before it ends:
     the loop holds its tasks weakly. The loop keeps it, not this module: a loop closed before the
@@ -342,7 +353,7 @@ def _unanswered(answer: asyncio.Future[Any], task: asyncio.Future[Any]) -> None:
 
 
 def _after_interrupted(op: LedgerOp, driving: Driving, task: asyncio.Future[Any]) -> None:
-    """A shielded ledger operation whose caller was cancelled has ended: undo or finish it."""
+    """A shielded ledger operation whose caller was cancelled or interrupted has ended: undo or finish it."""
     if task.cancelled():
         undo = undo_for(op)  # its outcome is unknown
     elif (error := task.exception()) is not None:

@@ -325,6 +325,83 @@ async def test_an_operation_whose_caller_left_is_kept_until_it_ends_and_is_undon
     await _caller_leaves_then_the_claim_lands()
 
 
+class _InterruptedOperations:
+    """A ledger's async operations, one of which an interrupt stops inside its task: a claim just
+    after it landed (its answer lost), or a finishing write just before it is sent."""
+
+    def __init__(self, aio: Any, operation: str, interrupt: type[BaseException]) -> None:
+        self._aio, self._operation, self._interrupt = aio, operation, interrupt
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._aio, name)
+
+    async def claim(self, key: CallKey, **kwargs: Any) -> Any:
+        landed = await self._aio.claim(key, **kwargs)
+        if self._operation == "claim":
+            raise self._interrupt()
+        return landed
+
+    async def complete(self, key: CallKey, **kwargs: Any) -> Any:
+        if self._operation == "complete":
+            raise self._interrupt()
+        return await self._aio.complete(key, **kwargs)
+
+
+class _LedgerInterruptedInAnOperation(MemoryLedger):
+    blocking_io = True  # its operations run as a waiting ledger's do: each in a task of its own
+
+    def __init__(self, operation: str, interrupt: type[BaseException]) -> None:
+        super().__init__()
+        self.operation, self.interrupt = operation, interrupt
+
+    @property
+    def aio(self) -> Any:
+        return _InterruptedOperations(super().aio, self.operation, self.interrupt)
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize(
+    ("operation", "left"),
+    [
+        pytest.param("claim", lambda record: record is None, id="claim-released"),  # the call may run again
+        pytest.param(
+            "complete",
+            lambda record: record is not None and record.status is Status.COMPLETED,
+            id="complete-written-later",
+        ),
+    ],
+)
+def test_an_interrupt_inside_an_async_ledger_operation_leaves_nothing_running(
+    operation: str, left: Callable[[Record | None], bool], interrupt: type[BaseException]
+) -> None:
+    """As in a sync call (``perform``): the interrupt reaches the caller, and what the operation did,
+    or may have done, is undone or made once its outcome is known. Before, an async call left a
+    landed claim running under its live owner until the lease ran out, and lost a finished result."""
+    ledger = _LedgerInterruptedInAnOperation(operation, interrupt)
+    key, runs = new_key(), []
+
+    @replay_safe(ledger=ledger)
+    async def refund() -> str:
+        runs.append(1)
+        return "refunded"
+
+    async def call() -> None:
+        async with tool_call(*key):
+            await refund()
+
+    loop = asyncio.new_event_loop()  # not asyncio.run(): the interrupt must leave the loop as it came
+    try:
+        with pytest.raises(interrupt):
+            loop.run_until_complete(call())
+        record = settled(ledger, key, left)
+        assert left(record), f"left {record.status if record else 'nothing'} after an interrupted {operation}"
+        assert runs == ([] if operation == "claim" else [1])
+        if record is not None:
+            assert record.result == '"refunded"'  # the result the tool returned, written after the interrupt
+    finally:
+        loop.close()
+
+
 class _LoopTakingNoAttributesOfOurs(asyncio.SelectorEventLoop):
     """As an event loop written as an extension type (uvloop's) may: no attribute can be added."""
 
