@@ -50,7 +50,7 @@ from ._errors import ReplaySafeError, describe
 from ._events import emit, logger, wanted
 from ._leases import Lease
 from ._metrics import ledger_kind
-from ._operations import aperform, perform
+from ._operations import aperform, interrupted, perform
 from ._owners import owner_alive, owner_token
 from ._pending import pending_writes
 from ._records import CallKey, Record, new_tuple
@@ -272,16 +272,17 @@ async def _aledger_op(op: LedgerOp, driving: Driving) -> Any:
     except asyncio.CancelledError:
         _undo_once_done(op, driving, task)
         interrupt = answer.exception() if answer.done() and not answer.cancelled() else None
-        if isinstance(interrupt, _INTERRUPTS):
+        if interrupt is not None and interrupted(interrupt):
             raise interrupt from None  # handed over just before the cancel: the interrupt wins
         raise
-    except _INTERRUPTS:
-        # Interrupted mid-operation (handed over by the task, or raised in this frame): the caller
-        # stops here, so what the operation did is undone once its outcome is known, as the sync
-        # driver's ``perform`` does; a claim that landed would otherwise stay running under a live owner.
-        _undo_once_done(op, driving, task)
-        raise
-    except BaseException:
+    except BaseException as exc:
+        if interrupted(exc):
+            # Interrupted mid-operation (handed over by the task, or raised in this frame): the caller
+            # stops here, so what the operation did is undone once its outcome is known, as the sync
+            # driver's ``perform`` does; a claim that landed would otherwise stay running under a live owner.
+            answer.cancel()  # nobody reads it now: a later failure of the operation is not left unread
+            _undo_once_done(op, driving, task)
+            raise
         if task.done() and not task.cancelled():  # it ended raising this same error: not to be logged as unread
             task.exception()
         raise
@@ -358,7 +359,7 @@ def _after_interrupted(op: LedgerOp, driving: Driving, task: asyncio.Future[Any]
         undo = undo_for(op)  # its outcome is unknown
     elif (error := task.exception()) is not None:
         # An interrupt: its outcome is unknown. A LedgerError: kept for later already when it was transient.
-        undo = undo_for(op) if isinstance(error, _INTERRUPTS) else None
+        undo = undo_for(op) if interrupted(error) else None
     elif (outcome := task.result()) is _INTERRUPTED:
         undo = undo_for(op)  # interrupted, the interrupt handed to the caller: its outcome is unknown
     else:

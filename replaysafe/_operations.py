@@ -73,14 +73,26 @@ def _measured(op: LedgerOp, target: Target, call: Callable[[Any, Any], Any]) -> 
         _observed(op, target.ledger, time.perf_counter() - start, ok)
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` stops its caller as an interrupt does: any ``BaseException`` that is not an
+    ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, an application's own; the async driver
+    handles a cancellation before it asks). An operation it ends has an unknown outcome, undone (or
+    made) later, and no ``LedgerError`` is made of it. The one rule for both drivers."""
+    return not isinstance(exc, Exception)
+
+
 def _failed(op: LedgerOp, target: Target, call: Callable[[Any, Any], Any], exc: BaseException) -> Any:
     """The first attempt of ``op`` raised ``exc``: try again when it is transient, or give up."""
     ledger, tool_name = target.ledger, target.tool_name
-    if isinstance(exc, Exception):
-        return _retrying(op, ledger, tool_name, exc, asynchronous=False)(call, ledger, op)
-    # Interrupted mid-operation: whether it landed is unknown, so it is undone (or made) later.
-    _defer(undo_for(op), ledger, tool_name)
-    raise exc
+    try:
+        if isinstance(exc, Exception):  # not interrupted: tried again if it is transient
+            return _retrying(op, ledger, tool_name, exc, asynchronous=False)(call, ledger, op)
+        raise exc
+    except BaseException as error:
+        if interrupted(error):  # the first attempt, or a retry or its backoff (a LedgerError is kept already)
+            # Interrupted mid-operation: whether it landed is unknown, so it is undone (or made) later.
+            _defer(undo_for(op), ledger, tool_name)
+        raise
 
 
 def _observed(op: LedgerOp, ledger: Any, seconds: float, ok: bool) -> None:

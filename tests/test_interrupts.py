@@ -37,6 +37,7 @@ from replaysafe import (
     SqliteLedger,
     Status,
     _drivers,
+    _pending,
     open_ledger,
     replay_safe,
     tool_call,
@@ -325,41 +326,50 @@ async def test_an_operation_whose_caller_left_is_kept_until_it_ends_and_is_undon
     await _caller_leaves_then_the_claim_lands()
 
 
-class _InterruptedOperations:
-    """A ledger's async operations, one of which an interrupt stops inside its task: a claim just
-    after it landed (its answer lost), or a finishing write just before it is sent."""
-
-    def __init__(self, aio: Any, operation: str, interrupt: type[BaseException]) -> None:
-        self._aio, self._operation, self._interrupt = aio, operation, interrupt
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._aio, name)
-
-    async def claim(self, key: CallKey, **kwargs: Any) -> Any:
-        landed = await self._aio.claim(key, **kwargs)
-        if self._operation == "claim":
-            raise self._interrupt()
-        return landed
-
-    async def complete(self, key: CallKey, **kwargs: Any) -> Any:
-        if self._operation == "complete":
-            raise self._interrupt()
-        return await self._aio.complete(key, **kwargs)
+class _InterruptOfTheApplications(BaseException):
+    """An interrupt of the application's own: any ``BaseException`` but a cancellation stops its caller."""
 
 
 class _LedgerInterruptedInAnOperation(MemoryLedger):
-    blocking_io = True  # its operations run as a waiting ledger's do: each in a task of its own
+    """A ledger one of whose operations an interrupt stops: a claim just after it landed (its answer
+    lost), or a finishing write just before it is sent. With ``transient_first``, the operation's
+    first attempt fails first with a transient error, and the interrupt comes in its retry."""
 
-    def __init__(self, operation: str, interrupt: type[BaseException]) -> None:
+    transient_errors = (ConnectionError,)
+
+    def __init__(self, operation: str, interrupt: type[BaseException], *, waits: bool, transient_first: bool) -> None:
         super().__init__()
-        self.operation, self.interrupt = operation, interrupt
+        # Waiting, its async operations run as a waiting ledger's do: each in a task of its own.
+        self.blocking_io = waits
+        self.operation, self.interrupt, self.transient_first = operation, interrupt, transient_first
+        self.attempts = 0
 
-    @property
-    def aio(self) -> Any:
-        return _InterruptedOperations(super().aio, self.operation, self.interrupt)
+    def _interrupts(self, operation: str) -> bool:
+        """Whether this attempt of ``operation`` is the one interrupted; raises for a first attempt
+        that fails transiently. The writes made later, in the background, go through."""
+        if operation != self.operation:
+            return False
+        self.attempts += 1
+        if self.transient_first and self.attempts == 1:
+            raise ConnectionError("the first attempt's connection was reset")
+        return self.attempts == (2 if self.transient_first else 1)
+
+    def claim(self, key: CallKey, **kwargs: Any) -> Any:
+        interrupted = self._interrupts("claim")
+        landed = super().claim(key, **kwargs)
+        if interrupted:
+            raise self.interrupt()  # after the claim landed: its answer is lost
+        return landed
+
+    def complete(self, key: CallKey, **kwargs: Any) -> Any:
+        if self._interrupts("complete"):
+            raise self.interrupt()
+        return super().complete(key, **kwargs)
 
 
-@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("mode", ["sync", "async-inline", "async-task"])
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit, _InterruptOfTheApplications])
+@pytest.mark.parametrize("transient_first", [False, True], ids=["first-attempt", "in-its-retry"])
 @pytest.mark.parametrize(
     ("operation", "left"),
     [
@@ -371,30 +381,58 @@ class _LedgerInterruptedInAnOperation(MemoryLedger):
         ),
     ],
 )
-def test_an_interrupt_inside_an_async_ledger_operation_leaves_nothing_running(
-    operation: str, left: Callable[[Record | None], bool], interrupt: type[BaseException]
+def test_an_interrupt_inside_a_ledger_operation_leaves_nothing_running(
+    operation: str,
+    left: Callable[[Record | None], bool],
+    transient_first: bool,
+    interrupt: type[BaseException],
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """As in a sync call (``perform``): the interrupt reaches the caller, and what the operation did,
-    or may have done, is undone or made once its outcome is known. Before, an async call left a
-    landed claim running under its live owner until the lease ran out, and lost a finished result."""
-    ledger = _LedgerInterruptedInAnOperation(operation, interrupt)
-    key, runs = new_key(), []
+    """The interrupt reaches the caller, and what the operation did, or may have done, is undone or
+    made once, when its outcome is known: sync, async on a ledger that never waits (inline), and
+    async in a task of its own. Before, an async call in a task left a landed claim running under
+    its live owner until the lease ran out and lost a finished result, and neither path undid an
+    operation interrupted in its retry."""
+    ledger = _LedgerInterruptedInAnOperation(
+        operation, interrupt, waits=mode == "async-task", transient_first=transient_first
+    )
+    key, runs, deferred = new_key(), [], []
+    defer = _pending.pending_writes.defer
 
-    @replay_safe(ledger=ledger)
-    async def refund() -> str:
+    def counted(effect: Any, ledger: Any, tool_name: str) -> None:
+        deferred.append(type(effect).__name__)
+        defer(effect, ledger, tool_name)
+
+    monkeypatch.setattr(_pending.pending_writes, "defer", counted)
+
+    def refund() -> str:
         runs.append(1)
         return "refunded"
 
-    async def call() -> None:
+    async def arefund() -> str:
+        return refund()
+
+    async def call_async() -> None:
         async with tool_call(*key):
-            await refund()
+            await replay_safe(ledger=ledger)(arefund)()
 
     loop = asyncio.new_event_loop()  # not asyncio.run(): the interrupt must leave the loop as it came
+
+    def call() -> None:
+        if mode == "sync":
+            with tool_call(*key):
+                replay_safe(ledger=ledger)(refund)()
+        else:
+            loop.run_until_complete(call_async())
+
     try:
         with pytest.raises(interrupt):
-            loop.run_until_complete(call())
+            call()
         record = settled(ledger, key, left)
         assert left(record), f"left {record.status if record else 'nothing'} after an interrupted {operation}"
+        assert deferred == ["Release" if operation == "claim" else "Complete"]  # once
+        assert ledger.attempts == (2 if transient_first else 1) + (operation == "complete")  # and the write kept
         assert runs == ([] if operation == "claim" else [1])
         if record is not None:
             assert record.result == '"refunded"'  # the result the tool returned, written after the interrupt
