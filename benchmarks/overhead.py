@@ -197,13 +197,14 @@ def floor_then_memory_call(
     return block
 
 
-def _after_round_trips(group: dict[str, Block], floor: subjects.Floor, calls: int, name: Callable[[str], str]) -> None:
-    """``floor-then-memory.sync.{miss,hit}``: the floor's sync miss (hit), each followed by a first
-    call (a replay) on the memory ledger."""
+def _after_round_trips(
+    group: dict[str, Block], floor: subjects.Floor, calls: int, name: Callable[[str], str], hit_names: list[str]
+) -> None:
+    """``floor-then-memory.sync.{miss,hit}``: the floor's sync miss (hit, of ``hit_names``, its
+    recorded keys), each followed by a first call (a replay) on the memory ledger."""
     tools = subjects.Tools(MemoryLedger())
     hits = _hit_ids(calls, "m")
     _record(tools, hits)
-    hit_names = [name(f"shit-{i}") for i in range(calls)]  # the floor's own hit records (``_floor``)
     group["floor-then-memory.sync.miss"] = floor_then_memory_call(
         floor.miss, lambda r: [name(f"m{r}-{i}") for i in range(calls)], lambda r: _miss_ids(r, calls, "m"), tools
     )
@@ -223,8 +224,8 @@ def _floor(
     loop: asyncio.AbstractEventLoop,
     calls: int,
     name: Callable[[str], str],
-) -> None:
-    """The floor's four configurations; its hit records are written first."""
+) -> list[str]:
+    """The floor's four configurations; its hit records are written first. Returns the sync hits' keys."""
     sync_hits = [name(f"shit-{i}") for i in range(calls)]
     async_hits = [name(f"ahit-{i}") for i in range(calls)]
     for key in sync_hits + async_hits:
@@ -233,6 +234,7 @@ def _floor(
     group["floor.sync.hit"] = raw_sync(floor.hit, lambda r: sync_hits)
     group["floor.async.miss"] = raw_async(loop, floor.amiss, lambda r: [name(f"a{r}-{i}") for i in range(calls)])
     group["floor.async.hit"] = raw_async(loop, floor.ahit, lambda r: async_hits)
+    return sync_hits
 
 
 _OURS_VS_FLOOR = [
@@ -342,8 +344,7 @@ def postgres_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractE
     )
     floor = subjects.PostgresFloor(libpq_url(scratch.postgres_url), scratch.schema)
     floor_name = functools.partial(subjects.key_digest, THREAD, tool_call_id="c")
-    _floor(blocks, floor, loop, calls, floor_name)
-    _after_round_trips(blocks, floor, calls, floor_name)
+    _after_round_trips(blocks, floor, calls, floor_name, _floor(blocks, floor, loop, calls, floor_name))
     # Context: both sides with synchronous_commit=off (a commit does not wait for the WAL flush).
     relaxed = "-c synchronous_commit=off"
     relaxed_url = f"{scratch.postgres_url}{'&' if '?' in scratch.postgres_url else '?'}options={quote(relaxed)}"
@@ -380,8 +381,7 @@ def redis_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEven
     def floor_name(message_id: str) -> str:
         return f"{scratch.prefix}:floor:{{{THREAD}}}:{message_id}:c"
 
-    _floor(blocks, floor, loop, calls, floor_name)
-    _after_round_trips(blocks, floor, calls, floor_name)
+    _after_round_trips(blocks, floor, calls, floor_name, _floor(blocks, floor, loop, calls, floor_name))
     # Context: the floor on one held connection, below redis-py's command layer.
     held = subjects.RedisHeldFloor(scratch.redis_url)
     held_hits = [f"{scratch.prefix}:held:{{{THREAD}}}:hit-{i}:c" for i in range(calls)]

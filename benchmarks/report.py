@@ -258,10 +258,10 @@ def _overhead_table(results: dict[str, Any]) -> list[str]:
             "Ours against a floor in another setting: Redis on one held connection below redis-py's command "
             "layer; PostgreSQL with `synchronous_commit=off` on both sides. *memory_call_after_round_trips*: "
             "not ours, but the floor followed each time by the same kind of call (a first call, a replay) on "
-            "the memory ledger, against the floor alone: what the library's own work adds when it runs right "
-            "after the round trips, before any ledger's work.",
+            "the memory ledger, against the floor alone: what the library's generic work adds when it runs "
+            "right after the round trips. *Measured*: ours, or that pair; *against*: the floor in the setting.",
             "",
-            "| ledger | setting | ours us | floor us | ours / floor |",
+            "| ledger | setting | measured us | against us | ratio |",
             "|---|---|---|---|---|",
         ]
         for ledger, label, entry in context:

@@ -296,7 +296,7 @@ async def _answering(op: LedgerOp, driving: Driving, answer: asyncio.Future[Any]
     except asyncio.CancelledError:
         answer.cancel()  # the operation itself was cancelled (the loop is closing): its outcome is unknown
         raise
-    except _INTERRUPTS as exc:
+    except _INTERRUPTS as exc:  # the two that asyncio would raise out of the loop; any other is set below
         if answer.done():
             raise
         # Raised by the caller's await instead, out of the loop as before: raised here, it would
