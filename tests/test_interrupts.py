@@ -287,6 +287,46 @@ async def test_a_ledger_operation_cancelled_by_someone_else_cancels_its_caller(d
         await aclose()
 
 
+class _LedgerWhoseClaimRunsOn(MemoryLedger):
+    """A ledger whose async operations run in worker threads (``OffloadedAsyncLedger``), as SQLite's
+    do; its first claim holds its thread, and lands when the test lets it go."""
+
+    blocking_io = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.go_on = threading.Event(), threading.Event()
+
+    def claim(self, key: CallKey, **kwargs: Any) -> Any:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.go_on.wait(20), "the test never let the claim go on"
+        return super().claim(key, **kwargs)
+
+
+async def test_a_ledger_operation_cancelled_in_its_thread_is_undone_after_it_lands() -> None:
+    """Someone else cancels the call's ledger operation while its worker thread runs the claim. A
+    thread cannot be stopped: the operation leaves once the claim has landed, so that the release
+    the cancellation makes comes after it. (Before, the release was made at once, found nothing, and
+    the claim landed after it: running under a live owner. Seen once in CI as a flaky failure of
+    the test above on SQLite.)"""
+    ledger = _LedgerWhoseClaimRunsOn()
+    key, runs = new_key(), []
+    caller, supervisor = asyncio.create_task(_refund_call(ledger, key, runs)()), asyncio.current_task()
+    assert await asyncio.to_thread(ledger.entered.wait, 20), "the claim never reached its thread"
+    cancelled = [task for task in asyncio.all_tasks() if task not in (supervisor, caller) and not task.done()]
+    assert cancelled, "no ledger operation to cancel"
+    for task in cancelled:
+        task.cancel()
+    await asyncio.sleep(IN_FLIGHT)  # the old code made its release here, before the claim landed
+    ledger.go_on.set()
+    done, _ = await asyncio.wait([caller], timeout=20)
+    assert done and caller.cancelled()
+    record = await asyncio.to_thread(settled, ledger, key, lambda r: r is None)
+    assert record is None, f"left {record.status} under a live owner" if record else ""
+    assert runs == []
+
+
 class _ClaimAwaitingItsOwnReply:
     """A ledger's async operations whose first claim waits on a reply that only the claim holds,
     as a client's call waits on a future of its own; the test keeps it weakly, to answer it later."""

@@ -8,6 +8,8 @@ per operation), so adding a backend is one small module.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -202,6 +204,17 @@ class AsyncLedger(Protocol):
 _offload_pool = ForkSafePool(max_workers=min(32, (os.cpu_count() or 1) + 4), thread_name_prefix="replaysafe-ledger")
 
 
+async def _ended(running: concurrent.futures.Future[Any]) -> None:
+    """Wait until ``running`` has ended (or was cancelled before it started), through any further
+    cancellation; the caller raises its own cancellation afterwards."""
+    waiter = asyncio.wrap_future(running)
+    while not waiter.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([waiter])
+    if not waiter.cancelled():
+        waiter.exception()  # read: its caller leaves cancelled, whatever the operation raised
+
+
 class OffloadedAsyncLedger:
     """An ``AsyncLedger`` over a sync one: blocking I/O runs in a worker thread.
 
@@ -216,12 +229,20 @@ class OffloadedAsyncLedger:
         self._blocking = blocking
 
     async def _run(self, method: Any, *args: Any, **kwargs: Any) -> Any:
-        if self._blocking:
-            # Our own pool rather than the loop's default executor: a forked child gets a
-            # new one (see _offload_pool), even when it goes on with a loop of its parent.
-            call = functools.partial(contextvars.copy_context().run, method, *args, **kwargs)
-            return await asyncio.get_running_loop().run_in_executor(_offload_pool.get(), call)
-        return method(*args, **kwargs)
+        if not self._blocking:
+            return method(*args, **kwargs)
+        # Our own pool rather than the loop's default executor: a forked child gets a
+        # new one (see _offload_pool), even when it goes on with a loop of its parent.
+        call = functools.partial(contextvars.copy_context().run, method, *args, **kwargs)
+        running = _offload_pool.get().submit(call)
+        try:
+            return await asyncio.wrap_future(running)
+        except asyncio.CancelledError:
+            # A thread cannot be stopped: cancelled while its operation runs, this leaves only once
+            # the operation has ended. What the cancellation undoes (a claim's release) then comes
+            # after it; made first, it would find nothing, and the claim would land after it.
+            await _ended(running)
+            raise
 
     async def claim(self, key: CallKey, **kwargs: Any) -> ClaimResult:
         result: ClaimResult = await self._run(self._ledger.claim, key, **kwargs)
