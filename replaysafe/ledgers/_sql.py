@@ -25,7 +25,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .._constants import TABLE_NAME
 from .._identity import key_digest
-from .._records import CallKey, Record, Status, expires_at
+from .._records import CallKey, Record, Status, expires_at, new_tuple
 from ._protocol import RetryPolicy, SigningKey, StoredLedger, forget_in_forked_child, handed_now
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
@@ -197,7 +197,7 @@ class Operations:
     def record(self, key: CallKey, row: Sequence[Any]) -> Record:
         """A record from a row of ``RECORD_COLUMNS``."""
         time = self._decode_time
-        return Record(
+        fields = (
             key,
             row[0],
             row[1],
@@ -205,20 +205,21 @@ class Operations:
             row[3],
             row[4],
             row[5],
-            time(row[6]),  # type: ignore[arg-type]
-            time(row[7]),  # type: ignore[arg-type]
-            time(row[8]),  # type: ignore[arg-type]
+            time(row[6]),
+            time(row[7]),
+            time(row[8]),
             time(row[9]),
         )
+        return new_tuple(Record, fields)  # type: ignore[no-any-return]
 
     def keyed_record(self, row: Sequence[Any]) -> Record:
         """A record from a row of ``KEYED_COLUMNS``."""
-        return self.record(CallKey(row[0], row[1], row[2]), row[3:])
+        return self.record(new_tuple(CallKey, (row[0], row[1], row[2])), row[3:])
 
-    def claim_params(self, record: Record) -> tuple[Any, ...]:
-        """The parameters of ``CLAIM_ROW`` for a first claim's record."""
+    def claim_params(self, record: Record, digest: str | None = None) -> tuple[Any, ...]:
+        """The parameters of ``CLAIM_ROW`` for a first claim's record (``digest``: its key's, if known)."""
         stamp = self._time(record.created_at)
-        ids = (key_digest(*record.key), *record.key)
+        ids = (digest or key_digest(*record.key), *record.key)
         return (
             *ids,
             record.tool_name,

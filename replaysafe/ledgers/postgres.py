@@ -607,7 +607,10 @@ def _same(value: Any) -> Any:
 
 
 def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    return None if value is None else value.astimezone(dt.timezone.utc)
+    # The ledger's own connections run in UTC, so psycopg already gives its UTC: nothing to convert.
+    if value is None or value.tzinfo is dt.timezone.utc:
+        return value
+    return value.astimezone(dt.timezone.utc)
 
 
 _SQL_DIALECT = Dialect(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import gc
 import os
 import sqlite3
@@ -9,8 +10,13 @@ import weakref
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite as sqlite_dialect
 
 from replaysafe import CallKey, SqliteLedger
+from replaysafe.ledgers import sqlite as sqlite_ledger
 
 
 def _operations_connection(ledger: SqliteLedger) -> sqlite3.Connection:
@@ -71,3 +77,32 @@ def test_a_url_of_another_sqlite_driver_is_refused(tmp_path: Path, driver: str) 
     with pytest.raises(ValueError, match="sqlite3 driver .* not '" + driver + "': use a sqlite:// URL"):
         SqliteLedger(f"sqlite+{driver}:///{tmp_path}/ledger.db")
     assert SqliteLedger(f"sqlite+pysqlite:///{tmp_path}/ledger.db").path == tmp_path / "ledger.db"
+
+
+_UTC = dt.timezone.utc
+# Any instant, in any fixed offset (a year away from datetime's ends, where converting to UTC overflows).
+_instants = st.builds(
+    lambda moment, minutes: moment.replace(tzinfo=dt.timezone(dt.timedelta(minutes=minutes))),
+    st.datetimes(min_value=dt.datetime(2, 1, 1), max_value=dt.datetime(9998, 12, 31)),
+    st.integers(min_value=-23 * 60, max_value=23 * 60),
+)
+_SQLALCHEMY_DATETIME = sa.DateTime().dialect_impl(sqlite_dialect())
+
+
+@given(_instants)
+def test_a_stored_time_is_the_text_sqlalchemy_writes_and_reads_back_as_the_same_instant(moment: dt.datetime) -> None:
+    # The ledger writes times without SQLAlchemy, which reads them (a user's own queries of the table):
+    # the text must be SQLAlchemy's own for the same UTC time, and read back by both as that instant.
+    naive_utc = moment.astimezone(_UTC).replace(tzinfo=None)
+    written_by_sqlalchemy = _SQLALCHEMY_DATETIME.bind_processor(sqlite_dialect())(naive_utc)
+    assert sqlite_ledger._stamp(moment) == written_by_sqlalchemy
+    assert sqlite_ledger._time(written_by_sqlalchemy) == moment
+    assert sqlite_ledger._time(written_by_sqlalchemy).tzinfo is _UTC  # type: ignore[union-attr]
+    assert _SQLALCHEMY_DATETIME.result_processor(sqlite_dialect(), None)(written_by_sqlalchemy) == naive_utc
+
+
+def test_a_stored_time_with_an_offset_of_its_own_is_read_as_before() -> None:
+    # Never written by the ledger nor by SQLAlchemy; read as it always was (its digits taken as UTC).
+    assert sqlite_ledger._time("2026-12-05 08:00:00.000001+02:00") == dt.datetime(2026, 12, 5, 8, 0, 0, 1, tzinfo=_UTC)
+    assert sqlite_ledger._time(None) is None
+    assert sqlite_ledger._stamp(None) is None
