@@ -25,6 +25,7 @@ from replaysafe import Ledger, MemoryLedger, PostgresLedger, RedisLedger, Sqlite
 from . import _subjects as subjects
 from ._env import Scratch, libpq_url
 from ._stats import Block, differences, excess_ratios, micros, paired_rounds, ratios, summary
+from ._straight import straight
 from ._wire import relayed
 from .settings import Settings
 
@@ -278,6 +279,17 @@ def _timeout_mechanisms(blocks: dict[str, Block], ledger: Ledger, calls: int) ->
     ]
 
 
+def _counting_refund() -> Callable[[str], dict[str, str]]:
+    """The tool body ``subjects.Tools`` protects: it counts its runs too."""
+    runs = [0]
+
+    def refund(order_id: str) -> dict[str, str]:
+        runs[0] += 1
+        return {"refunded": order_id}
+
+    return refund
+
+
 def memory_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEventLoop) -> Group:
     calls = settings.block
     blocks: dict[str, Block] = {}
@@ -292,6 +304,13 @@ def memory_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEve
         for kind in ("miss", "hit")
     ]
     compare += _timeout_mechanisms(blocks, ledger, calls)
+    # Context: the same common path written straight, on a memory ledger of its own (as many records).
+    written_straight = straight(MemoryLedger(), _counting_refund(), "refund")
+    for thread_id, message_id, tool_call_id in _hit_ids(calls, "x"):
+        with tool_call(thread_id, message_id, tool_call_id):
+            written_straight(subjects.ORDER_ID)
+    blocks["straight.sync.miss"] = ours_sync(written_straight, lambda r: _miss_ids(r, calls, "x"))
+    blocks["straight.sync.hit"] = ours_sync(written_straight, lambda r: _hit_ids(calls, "x"))
     closers: list[Callable[[], None]] = []
     notes: list[str] = []
     if subjects.powertools_available():
@@ -316,7 +335,11 @@ def memory_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEve
             closers.append(cached.close)
     else:
         notes.append("aws-lambda-powertools is not installed (pip install -e '.[bench]'): no alternative measured")
-    cpu = {config: f"floor.{config.split('.')[-2]}" for config in blocks if config.startswith(("ours.", "powertools"))}
+    cpu = {
+        config: f"floor.{config.split('.')[-2]}"
+        for config in blocks
+        if config.startswith(("ours.", "straight.", "powertools"))
+    }
     return Group("memory", blocks, settings.memory_rounds, compare, closers, notes, library_cpu=cpu)
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from replaysafe import CallKey
+
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = (
     "meta",
@@ -101,6 +103,11 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
             assert (after["ours"], after["other"]) == (f"floor-then-memory.sync.{kind}", f"floor.sync.{kind}")
             assert results["overhead"][ledger]["per_call_us"][after["ours"]]["median"] > 0
     assert "memory_call_after_round_trips" in markdown
+    # Context: the common path written straight, its library CPU beside ours.
+    cpu = results["overhead"]["memory"]["library_cpu"]
+    for kind in ("miss", "hit"):
+        assert cpu[f"straight.sync.{kind}"]["vs_json"]["median"] > 0, cpu
+    assert "written straight" in markdown
     assert "### Context" in markdown and "round trips on the wire" in markdown
     # The progress bar names the sections on stderr.
     from benchmarks.cli import SECTIONS as RUN
@@ -154,3 +161,35 @@ def test_the_tenxgraph_section_is_reported_measured_or_not() -> None:
     skipped = {"skipped": "not measured: no Python 3.12 / 10xgraph environment"}
     assert skipped["skipped"] in report._tenxgraph_table({"tenxgraph": skipped})
     assert report._tenxgraph_table({}) == []
+
+
+def test_the_common_path_written_straight_records_and_replays_as_a_protected_call_does() -> None:
+    # The straight path is only a measuring stick beside ours: it must do the same work to be one.
+    from benchmarks._straight import straight
+    from replaysafe import MemoryLedger, replay_safe, tool_call
+
+    runs: list[str] = []
+
+    def refund(order_id: str) -> dict[str, str]:
+        runs.append(order_id)
+        return {"refunded": order_id}
+
+    ours_ledger, straight_ledger = MemoryLedger(), MemoryLedger()
+    ours, written_straight = replay_safe(ledger=ours_ledger)(refund), straight(straight_ledger, refund, "refund")
+    answers = []
+    for tool in (ours, written_straight, ours, written_straight):
+        with tool_call("t", "m", "c"):
+            answers.append(tool("o-1"))
+    assert answers == [{"refunded": "o-1"}] * 4 and runs == ["o-1", "o-1"]  # each ran once, then replayed
+    key = CallKey("t", "m", "c")
+    ours_record, straight_record = ours_ledger.get(key), straight_ledger.get(key)
+    assert ours_record is not None and straight_record is not None
+    same = ("key", "tool_name", "args_digest", "status", "result", "attempt")
+    assert [getattr(straight_record, field) for field in same] == [getattr(ours_record, field) for field in same]
+    assert straight_record.lease_expires_at - straight_record.created_at == (
+        ours_record.lease_expires_at - ours_record.created_at
+    )
+    with pytest.raises(NotImplementedError):  # off the common path: no ids
+        written_straight("o-1")
+    with tool_call("t", "m", "c"), pytest.raises(NotImplementedError):  # other arguments: a mismatch
+        written_straight("o-2")
