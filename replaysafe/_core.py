@@ -107,15 +107,16 @@ class ToolSpec:
     def lease_for(self, timeout: float | None) -> timedelta:
         """A claim outlives the tool's deadline, so a slow owner is not taken over early."""
         if self.lease is not None:
-            return _seconds(self.lease)
+            return seconds(self.lease)
         if timeout:
-            return _seconds(timeout + _constants.LEASE_MARGIN)
-        return _seconds(_constants.LEASE)
+            return seconds(timeout + _constants.LEASE_MARGIN)
+        return seconds(_constants.LEASE)
 
 
 @functools.lru_cache(maxsize=256)
-def _seconds(seconds: float) -> timedelta:
-    return timedelta(seconds=seconds)
+def seconds(length: float) -> timedelta:
+    """``timedelta(seconds=length)``, cached: the same few lengths are built on every call."""
+    return timedelta(seconds=length)
 
 
 def _replayed_type(spec: ToolSpec) -> Any:

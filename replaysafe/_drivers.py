@@ -16,7 +16,6 @@ import inspect
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from datetime import timedelta
 from typing import Any, NamedTuple
 
 from ._clock import utcnow
@@ -41,6 +40,7 @@ from ._core import (
     held_after,
     report_late,
     resolve,
+    seconds,
     settle_error,
     settle_result,
     undo_for,
@@ -156,13 +156,12 @@ def _reconcile(effect: Reconcile, driving: Driving) -> Any:
 def _lease(run: Run, driving: Driving, *, past_deadline: bool = True) -> Lease | None:
     """The lease to keep alive while the tool runs (none for an unprotected run, nor when
     it is not to be renewed past the deadline and the claim's own lease already reaches it)."""
-    ledger, name, key = driving.ledger, driving.tool_name, run.call.key
     if past_deadline or run.timeout is None:
-        return new_lease(ledger, name, key, run.owner, run.lease)
-    reach = timedelta(seconds=run.timeout + LEASE_MARGIN)
+        return new_lease(driving.ledger, driving.tool_name, run.call.key, run.owner, run.lease)
+    reach = seconds(run.timeout + LEASE_MARGIN)
     if run.lease >= reach:
         return None
-    return new_lease(ledger, name, key, run.owner, run.lease, until=utcnow() + reach)
+    return new_lease(driving.ledger, driving.tool_name, run.call.key, run.owner, run.lease, until=utcnow() + reach)
 
 
 def _invoke(run: Run, driving: Driving) -> Any:
@@ -205,10 +204,16 @@ def _run_in_this_thread(run: Run, wrapped: Callable[..., Any], driving: Driving)
     doubt. Whether the tool ended late, and what that says, is the protocol's (``report_late``).
     """
     assert driving.spec is not None
+    call = run.call
     lease = _lease(run, driving, past_deadline=False)
+    if lease is None:  # the claim's own lease reaches the deadline (the default case): nothing to renew
+        try:
+            return wrapped(*call.args, **call.kwargs)
+        finally:
+            report_late(driving.spec, run)
     renewer.add(lease)
     try:
-        return wrapped(*run.call.args, **run.call.kwargs)
+        return wrapped(*call.args, **call.kwargs)
     finally:
         renewer.remove(lease)
         report_late(driving.spec, run)
