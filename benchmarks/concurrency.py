@@ -142,6 +142,12 @@ class Load:
         async with tool_call(thread_id, message_id, "c"):
             await self.tools.aio(subjects.ORDER_ID)
 
+    def call(self, kind: str, tag: str) -> Callable[[int, int], None]:
+        """``call(worker, n)``: a sync call of ``kind`` (a fresh key each time, or the worker's recorded one)."""
+        if kind == "miss":
+            return lambda w, n: self._sync("miss-sync", f"{tag}-w{w}-{n}")
+        return lambda w, n: self._sync("hit-sync", f"w{w}")
+
     def measure(self, mode: str, kind: str, callers: int, seconds: float) -> float:
         self.point += 1
         tag = f"p{self.point}"

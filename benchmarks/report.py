@@ -327,28 +327,31 @@ def _threads_table(results: dict[str, Any]) -> list[str]:
         "threads' calls per second to one thread's. *Floor most / one* (context): the same ratio for the raw "
         "client making the same round trips, one connection per thread (a bare call of the tool's body for "
         "the memory ledger), measured in the same repeats: what the GIL and the client do to throughput "
-        "without the library.",
+        "without the library. *Floor, then a memory call* (context, ledgers with round trips): each floor "
+        "operation followed by the same kind of protected call on a memory ledger: the library's generic "
+        "Python between the same round trips, without the ledger's own code.",
         "",
         f"| ledger | call | {' | '.join('1 thread' if n == 1 else f'{n} threads' for n in counts)} | most / one "
-        "| floor most / one |",
-        f"|---|---|{'---|' * len(counts)}---|---|",
+        "| floor most / one | floor, then a memory call: most / one |",
+        f"|---|---|{'---|' * len(counts)}---|---|---|",
     ]
     for ledger in ("memory", "sqlite", "postgres", "redis"):
         data = section.get(ledger) or {}
         if "skipped" in data:
-            lines.append(f"| {ledger} | {data['skipped']} |{' |' * len(counts)} | |")
+            lines.append(f"| {ledger} | {data['skipped']} |{' |' * len(counts)} | | |")
             continue
         for kind in ("miss", "hit"):
             point = data.get(kind)
             if point:
                 per_s = " | ".join(_num(point["per_s"][str(n)], 0) for n in counts)
-                floor = point.get("floor")
+                floor, control = point.get("floor"), point.get("floor_then_memory")
                 floor_ratio = _spread(floor["most_vs_one"], 2) if floor else "not measured"
+                control_ratio = _spread(control["most_vs_one"], 2) if control else "not measured"
                 lines.append(
-                    f"| {ledger} | {CALL[kind]} | {per_s} | {_spread(point['most_vs_one'], 2)} | {floor_ratio} |"
+                    f"| {ledger} | {CALL[kind]} | {per_s} | {_spread(point['most_vs_one'], 2)} | {floor_ratio} "
+                    f"| {control_ratio} |"
                 )
     return [*lines, ""]
-    return lines
 
 
 def _concurrency_table(results: dict[str, Any]) -> list[str]:

@@ -23,10 +23,12 @@ import statistics
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from replaysafe import MemoryLedger
+
 from . import _subjects as subjects
 from ._env import Scratch, libpq_url
 from ._stats import summary
-from .concurrency import SYNC_CALLERS, _threads, loaded
+from .concurrency import SYNC_CALLERS, Load, _threads, loaded
 from .settings import Settings
 
 KINDS = ("miss", "hit")
@@ -56,16 +58,26 @@ def _create_floor_tables(scratch: Scratch) -> None:
 
 
 class FloorLoad:
-    """The floor's side of the section: one floor per thread, each with the recorded row its thread's hits read."""
+    """The floor's side of the section: one floor per thread, each with the recorded row its thread's hits read.
+
+    With ``then`` (a load on a memory ledger), each floor operation is followed by the same kind of
+    protected call on the memory ledger: the raw client's round trips with the library's generic
+    Python between them, but none of the ledger's own code (the control for the library's part).
+    """
 
     def __init__(self, floors: list[subjects.Floor], prefix: str) -> None:
         self.floors = floors
         self.prefix = prefix
         self.point = 0
 
-    def measure(self, kind: str, callers: int, seconds: float) -> float:
+    def measure(self, kind: str, callers: int, seconds: float, then: Load | None = None) -> float:
         self.point += 1
         floors, tag, prefix = self.floors, f"{self.prefix}-p{self.point}", self.prefix
+        if then is not None:
+            memory_call = then.call(kind, tag)
+            if kind == "miss":
+                return _threads(lambda w, i: (floors[w].miss(f"{tag}-w{w}-{i}"), memory_call(w, i)), callers, seconds)
+            return _threads(lambda w, i: (floors[w].hit(f"{prefix}-hit-w{w}"), memory_call(w, i)), callers, seconds)
         if kind == "miss":
             return _threads(lambda w, i: floors[w].miss(f"{tag}-w{w}-{i}"), callers, seconds)
         return _threads(lambda w, i: floors[w].hit(f"{prefix}-hit-w{w}"), callers, seconds)
@@ -107,27 +119,37 @@ def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dic
             continue
         log(f"threads: {name}")
         prefix = f"{scratch.prefix}:threads-floor:{name}"
+        # The control (the floor, then a memory-ledger call) only where the floor makes round trips.
+        sides = ("floor", "floor-then-memory") if name != "memory" else ("floor",)
         samples: dict[tuple[str, str, int], list[float]] = {
             **{("ours", k, n): [] for k in KINDS for n in counts},
-            **{("floor", k, n): [] for k in KINDS for n in ends},
+            **{(side, k, n): [] for side in sides for k in KINDS for n in ends},
         }
-        with loaded(factory, max(counts)) as load, floor_loaded(floor_factory, max(counts), prefix) as floor_load:
+        with (
+            loaded(factory, max(counts)) as load,
+            floor_loaded(floor_factory, max(counts), prefix) as floor_load,
+            loaded(MemoryLedger, max(counts)) as memory_load,
+        ):
             for _ in range(settings.thread_repeats):
                 for kind in KINDS:
-                    points = [("ours", n) for n in counts] + [("floor", n) for n in ends]
+                    points = [("ours", n) for n in counts] + [(side, n) for side in sides for n in ends]
                     for side, n in shuffler.sample(points, len(points)):
                         if side == "ours":
                             measured = load.measure("sync", kind, n, settings.thread_seconds)
                         else:
-                            measured = floor_load.measure(kind, n, settings.thread_seconds)
+                            then = memory_load if side == "floor-then-memory" else None
+                            measured = floor_load.measure(kind, n, settings.thread_seconds, then)
                         samples[(side, kind, n)].append(measured)
         results[name] = {
             kind: {
                 "per_s": {str(n): statistics.median(samples[("ours", kind, n)]) for n in counts},
                 "most_vs_one": _most_vs_one(samples[("ours", kind, ends[1])], samples[("ours", kind, ends[0])]),
-                "floor": {
-                    "per_s": {str(n): statistics.median(samples[("floor", kind, n)]) for n in ends},
-                    "most_vs_one": _most_vs_one(samples[("floor", kind, ends[1])], samples[("floor", kind, ends[0])]),
+                **{
+                    side.replace("-", "_"): {
+                        "per_s": {str(n): statistics.median(samples[(side, kind, n)]) for n in ends},
+                        "most_vs_one": _most_vs_one(samples[(side, kind, ends[1])], samples[(side, kind, ends[0])]),
+                    }
+                    for side in sides
                 },
             }
             for kind in KINDS

@@ -71,6 +71,10 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
     for needle in ("JSON round trip", "async / sync", "16 threads / at 1", "replay latency, memory", "10xGraph"):
         assert needle in names, needle
     assert {"memory", "sqlite", "postgres", "redis"} <= set(results["threads"])
+    for ledger in ("sqlite", "postgres", "redis"):  # the control: the floor, then a memory-ledger call
+        for kind in ("miss", "hit"):
+            assert results["threads"][ledger][kind]["floor_then_memory"]["most_vs_one"]["median"] > 0
+    assert "floor_then_memory" not in results["threads"]["memory"]["hit"]
     assert "memory" in results["scale"] and "bytes_per_record" in results["scale"]["memory_footprint"]
     markdown = written[".md"].read_text()
     assert "## Targets" in markdown and "## 7. Against 10xGraph" in markdown and "## 8. Thread scaling" in markdown
@@ -107,7 +111,7 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
     cpu = results["overhead"]["memory"]["library_cpu"]
     for kind in ("miss", "hit"):
         assert cpu[f"straight.sync.{kind}"]["vs_json"]["median"] > 0, cpu
-    assert "written straight" in markdown
+    assert "written straight" in markdown and "floor, then a memory call: most / one" in markdown
     assert "### Context" in markdown and "round trips on the wire" in markdown
     # The progress bar names the sections on stderr.
     from benchmarks.cli import SECTIONS as RUN
