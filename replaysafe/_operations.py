@@ -120,11 +120,13 @@ async def _awaited(call: Any, aio: Any, op: LedgerOp) -> Any:
 def _retrying(op: LedgerOp, ledger: Any, tool_name: str, failure: Exception, *, asynchronous: bool) -> Any:
     """What tries ``op`` again after its first ``failure``; raises at once when that cannot help."""
 
-    def give_up(error: BaseException) -> LedgerError:
-        return ledger_error(op, ledger, tool_name, error)
-
     if ledger.retry.attempts <= 1 or not is_transient(ledger, failure):
-        raise give_up(failure) from failure
+        raise ledger_error(op, ledger, tool_name, failure) from failure
+
+    def give_up(error: BaseException) -> LedgerError:
+        # The first attempt failed transiently, so it may have landed, whatever the last error says.
+        return ledger_error(op, ledger, tool_name, error, landed_maybe=True)
+
     return ledger_retrying(ledger, lambda error: is_transient(ledger, error), give_up, asynchronous=asynchronous)
 
 
@@ -133,11 +135,15 @@ def _defer(write: Any, ledger: Any, tool_name: str) -> None:
         pending_writes.defer(write, ledger, tool_name)
 
 
-def ledger_error(op: LedgerOp, ledger: Any, tool_name: str, exc: BaseException) -> LedgerError:
-    """The error a failed operation raises into the protocol; a finishing write is kept for later."""
+def ledger_error(
+    op: LedgerOp, ledger: Any, tool_name: str, exc: BaseException, *, landed_maybe: bool = False
+) -> LedgerError:
+    """The error a failed operation raises into the protocol. What it may have done is undone, and a
+    finishing write kept, for later: when ``exc`` is transient (its outcome is unknown), or when an
+    earlier attempt was (``landed_maybe``), whatever ``exc`` says."""
     fault = diagnose(ledger, exc)
     transient = fault.transient
-    undo = undo_for(op) if transient else None
+    undo = undo_for(op) if transient or landed_maybe else None
     _defer(undo, ledger, tool_name)
     deferred = undo is op
     operation = type(op).__name__.lower()

@@ -9,6 +9,7 @@ is bounded: a regression fails within seconds instead of hanging.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -29,11 +30,19 @@ class FaultyProxy:
 
     ``forward``: nothing. ``drop_reply_once``: the next reply is dropped (its command ran),
     then every request is dropped (``drop_requests``) until ``mode`` is set back.
+    ``drop_reply_then_deny``: the same drop, of a script call's reply (``EVALSHA``: a claim, not
+    a connection's handshake), then the next script call (``EVALSHA``) is dropped
+    too (redis-py's own immediate retry on a fresh connection: the ledger's attempt fails
+    transiently), then every script call is refused with the server's own ACL error
+    (``deny_scripts``), as after a permission revoked meanwhile; other commands pass.
     """
+
+    DENIED = b"-NOPERM User default has no permissions to run the 'evalsha' command\r\n"
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self.mode = "forward"
+        self._script_sent = False
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
@@ -52,18 +61,32 @@ class FaultyProxy:
             threading.Thread(target=self._pump, args=(client, server, "request"), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, "reply"), daemon=True).start()
 
-    def _lose(self, direction: str) -> bool:
+    def _lose(self, direction: str, data: bytes) -> bool:
         with self._lock:
-            if direction == "reply" and self.mode == "drop_reply_once":
-                self.mode = "drop_requests"
+            if direction == "request" and self.mode == "drop_reply_then_deny" and b"EVALSHA" in data.upper():
+                self._script_sent = True
+                return False
+            if direction == "reply" and (
+                self.mode == "drop_reply_once" or (self.mode == "drop_reply_then_deny" and self._script_sent)
+            ):
+                self.mode = "drop_requests" if self.mode == "drop_reply_once" else "drop_script_then_deny"
+                return True
+            if direction == "request" and self.mode == "drop_script_then_deny" and b"EVALSHA" in data.upper():
+                self.mode = "deny_scripts"
                 return True
             return direction == "request" and self.mode == "drop_requests"
+
+    def _denied(self, direction: str, data: bytes) -> bool:
+        return direction == "request" and self.mode == "deny_scripts" and b"EVALSHA" in data.upper()
 
     def _pump(self, source: socket.socket, sink: socket.socket, direction: str) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                if self._lose(direction):
+                if self._lose(direction, data):
                     break  # lost in transit: the connection dies with it
+                if self._denied(direction, data):
+                    source.sendall(self.DENIED)  # answered by the proxy: the server never sees it
+                    continue
                 sink.sendall(data)
         for end in (source, sink):
             with contextlib.suppress(OSError):
@@ -145,3 +168,53 @@ def test_a_failed_finishing_write_is_kept_and_written_later(
     with tool_call(*key):
         assert refund() == "refunded"  # replayed from the record written late
     assert runs == [1]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_claim_whose_reply_was_lost_is_released_when_its_retry_then_fails_for_good(
+    redis_url: str, asynchronous: bool
+) -> None:
+    """A first attempt that failed transiently may have landed, whatever the retry's error says
+    after it: before, a retry refused for good (here an ACL error) left the landed claim running
+    under its live owner until the lease ran out, because only the last error was looked at."""
+    parts = urllib.parse.urlsplit(redis_url)
+    proxy = FaultyProxy(parts.hostname or "127.0.0.1", parts.port or 6379)
+    through = urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{proxy.port}"))
+    key, runs = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1"), []
+    try:
+        with open_ledger(through, retry=RetryPolicy(attempts=3)) as faulty, open_ledger(redis_url) as direct:
+            assert isinstance(faulty, RedisLedger) and isinstance(direct, RedisLedger)
+            faulty.get(CallKey("warm", "up", "-"))  # connected and its scripts loaded
+
+            @replay_safe(ledger=faulty, on_ledger_error="raise")
+            def send_invite() -> str:
+                runs.append(1)
+                return "sent"
+
+            @replay_safe(ledger=faulty, on_ledger_error="raise")
+            async def asend_invite() -> str:
+                return send_invite.__wrapped__()  # type: ignore[attr-defined,no-any-return]
+
+            async def call_async() -> str:
+                async with tool_call(*key):
+                    return await asend_invite()
+
+            def call() -> str:
+                if asynchronous:
+                    return asyncio.run(call_async())
+                with tool_call(*key):
+                    return send_invite()
+
+            proxy.mode = "drop_reply_then_deny"
+            with pytest.raises(LedgerError) as raised:
+                call()
+            assert raised.value.permanent and "NoPermissionError" in str(raised.value)  # the retry's error
+            assert runs == []
+            landed = direct.get(key)
+            assert landed is not None and landed.status is Status.RUNNING  # the first attempt landed
+            proxy.mode = "forward"  # the permission is back: the release kept for later goes through
+            assert eventually(direct, key, lambda r: r is None) is None
+            assert call() == "sent"
+            assert runs == [1]
+    finally:
+        proxy.close()
