@@ -205,17 +205,15 @@ def _run_in_this_thread(run: Run, wrapped: Callable[..., Any], driving: Driving)
     """
     assert driving.spec is not None
     call = run.call
+    # None when there is nothing to renew (the default case: the claim's own lease reaches the deadline).
     lease = _lease(run, driving, past_deadline=False)
-    if lease is None:  # the claim's own lease reaches the deadline (the default case): nothing to renew
-        try:
-            return wrapped(*call.args, **call.kwargs)
-        finally:
-            report_late(driving.spec, run)
-    renewer.add(lease)
+    if lease is not None:
+        renewer.add(lease)
     try:
         return wrapped(*call.args, **call.kwargs)
     finally:
-        renewer.remove(lease)
+        if lease is not None:
+            renewer.remove(lease)
         report_late(driving.spec, run)
 
 
@@ -363,7 +361,8 @@ def _after_interrupted(op: LedgerOp, driving: Driving, task: asyncio.Future[Any]
     if task.cancelled():
         undo = undo_for(op)  # its outcome is unknown
     elif (error := task.exception()) is not None:
-        # An interrupt: its outcome is unknown. A LedgerError: kept for later already when it was transient.
+        # An interrupt: its outcome is unknown. A LedgerError: kept for later already (by ledger_error) when
+        # it, or an attempt before it, was transient.
         undo = undo_for(op) if interrupted(error) else None
     elif (outcome := task.result()) is _INTERRUPTED:
         undo = undo_for(op)  # interrupted, the interrupt handed to the caller: its outcome is unknown

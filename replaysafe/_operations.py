@@ -153,7 +153,7 @@ def ledger_error(
     return LedgerError(
         f"ledger {operation} failed for {describe(tool_name, op.key)} on {ledger!r} "
         f"({_reason(cause)}). {fault.fix}"
-        + (" The write will be tried again in the background until the ledger answers." if deferred else ""),
+        + (" The write will be tried again in the background until the ledger takes it." if deferred else ""),
         tool_name=tool_name,
         key=op.key,
         transient=transient,

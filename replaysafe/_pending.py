@@ -95,7 +95,7 @@ class PendingWrites:
         progress = False
         for write in writes:
             if time.monotonic() - write.since > MAX_AGE:
-                _give_up(write, f"the ledger did not answer for {MAX_AGE:g}s")
+                _give_up(write, f"the ledger did not take it for {MAX_AGE:g}s")
                 self._settled(write)
                 continue
             try:

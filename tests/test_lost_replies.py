@@ -30,11 +30,10 @@ class FaultyProxy:
 
     ``forward``: nothing. ``drop_reply_once``: the next reply is dropped (its command ran),
     then every request is dropped (``drop_requests``) until ``mode`` is set back.
-    ``drop_reply_then_deny``: the same drop, of a script call's reply (``EVALSHA``: a claim, not
-    a connection's handshake), then the next script call (``EVALSHA``) is dropped
-    too (redis-py's own immediate retry on a fresh connection: the ledger's attempt fails
-    transiently), then every script call is refused with the server's own ACL error
-    (``deny_scripts``), as after a permission revoked meanwhile; other commands pass.
+    ``fail_scripts`` (set by ``fail_scripts()``): script calls (``EVALSHA``: claims and
+    finishing writes, not a connection's handshake) first lose their replies (they ran), then
+    are lost themselves (they did not), then are refused with the server's own ACL error, as
+    after a permission revoked meanwhile; other commands pass.
     """
 
     DENIED = b"-NOPERM User default has no permissions to run the 'evalsha' command\r\n"
@@ -42,6 +41,7 @@ class FaultyProxy:
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self.mode = "forward"
+        self._replies_to_drop = self._requests_to_drop = 0
         self._script_sent = False
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -61,23 +61,37 @@ class FaultyProxy:
             threading.Thread(target=self._pump, args=(client, server, "request"), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, "reply"), daemon=True).start()
 
+    def fail_scripts(self, *, replies: int = 0, requests: int = 0) -> None:
+        """The next ``replies`` script calls run but lose their replies, the ``requests`` after them
+        are lost, and every one after those is refused (until ``mode`` is set back)."""
+        with self._lock:
+            self._replies_to_drop, self._requests_to_drop, self._script_sent = replies, requests, False
+            self.mode = "fail_scripts"
+
     def _lose(self, direction: str, data: bytes) -> bool:
         with self._lock:
-            if direction == "request" and self.mode == "drop_reply_then_deny" and b"EVALSHA" in data.upper():
-                self._script_sent = True
+            if self.mode == "fail_scripts":
+                script = direction == "request" and b"EVALSHA" in data.upper()
+                if script and self._replies_to_drop:
+                    self._script_sent = True  # forwarded: it runs, and its reply is lost
+                    return False
+                if direction == "reply" and self._script_sent:
+                    self._script_sent = False
+                    self._replies_to_drop -= 1
+                    return True
+                if script and self._requests_to_drop:
+                    self._requests_to_drop -= 1
+                    return True
                 return False
-            if direction == "reply" and (
-                self.mode == "drop_reply_once" or (self.mode == "drop_reply_then_deny" and self._script_sent)
-            ):
-                self.mode = "drop_requests" if self.mode == "drop_reply_once" else "drop_script_then_deny"
-                return True
-            if direction == "request" and self.mode == "drop_script_then_deny" and b"EVALSHA" in data.upper():
-                self.mode = "deny_scripts"
+            if direction == "reply" and self.mode == "drop_reply_once":
+                self.mode = "drop_requests"
                 return True
             return direction == "request" and self.mode == "drop_requests"
 
     def _denied(self, direction: str, data: bytes) -> bool:
-        return direction == "request" and self.mode == "deny_scripts" and b"EVALSHA" in data.upper()
+        with self._lock:
+            refusing = self.mode == "fail_scripts" and not (self._replies_to_drop or self._requests_to_drop)
+        return refusing and direction == "request" and b"EVALSHA" in data.upper()
 
     def _pump(self, source: socket.socket, sink: socket.socket, direction: str) -> None:
         with contextlib.suppress(OSError):
@@ -205,7 +219,9 @@ def test_a_claim_whose_reply_was_lost_is_released_when_its_retry_then_fails_for_
                 with tool_call(*key):
                     return send_invite()
 
-            proxy.mode = "drop_reply_then_deny"
+            # Its reply lost, then redis-py's own immediate retry lost: the ledger's attempt failed
+            # transiently. Then the ledger's retry is refused for good.
+            proxy.fail_scripts(replies=1, requests=1)
             with pytest.raises(LedgerError) as raised:
                 call()
             assert raised.value.permanent and "NoPermissionError" in str(raised.value)  # the retry's error
@@ -218,3 +234,30 @@ def test_a_claim_whose_reply_was_lost_is_released_when_its_retry_then_fails_for_
             assert runs == [1]
     finally:
         proxy.close()
+
+
+def test_a_finishing_write_is_kept_when_its_retry_then_fails_for_good(
+    proxied: tuple[RedisLedger, RedisLedger, FaultyProxy],
+) -> None:
+    """The finishing write's first attempt is lost (redis-py's immediate retry too: a transient
+    failure), then its retry is refused for good: it is kept and written once the ledger takes it."""
+    faulty, direct, proxy = proxied
+    faulty.retry = RetryPolicy(attempts=3)
+    key, runs = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1"), []
+
+    @replay_safe(ledger=faulty)
+    def refund() -> str:
+        runs.append(1)
+        proxy.fail_scripts(requests=2)  # the tool ran; its record's write is lost, then refused
+        return "refunded"
+
+    with tool_call(*key):
+        assert refund() == "refunded"  # on_ledger_error="warn": logged, the result returned
+    running = direct.get(key)
+    assert running is not None and running.status is Status.RUNNING
+    proxy.mode = "forward"
+    record = eventually(direct, key, lambda r: r is not None and r.status is Status.COMPLETED)
+    assert record is not None and record.status is Status.COMPLETED
+    with tool_call(*key):
+        assert refund() == "refunded"  # replayed from the record written late
+    assert runs == [1]

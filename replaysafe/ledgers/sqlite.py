@@ -263,6 +263,7 @@ class SqliteOperations(Operations):
 
 
 _UTC = dt.timezone.utc
+_STAMP_LENGTH = len("2026-12-05 08:00:00.000000")
 
 
 def _stamp(moment: dt.datetime | None) -> str | None:
@@ -279,11 +280,11 @@ def _stamp(moment: dt.datetime | None) -> str | None:
 def _time(text: str | None) -> dt.datetime | None:
     if text is None:
         return None
-    try:
+    if len(text) == _STAMP_LENGTH:  # the ledger's own form (and SQLAlchemy's): YYYY-MM-DD HH:MM:SS.ffffff
         # Parsed with its offset: about a fifth of the time of parsing it naive, then replace().
         return dt.datetime.fromisoformat(text + "+00:00")
-    except ValueError:  # a stored time that carries an offset of its own, or another form
-        return dt.datetime.fromisoformat(text).replace(tzinfo=_UTC)
+    # Any other form, as always: a date alone, say, which with "+00:00" would read as a naive time.
+    return dt.datetime.fromisoformat(text).replace(tzinfo=_UTC)
 
 
 _DIALECT = Dialect(

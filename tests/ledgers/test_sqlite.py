@@ -101,8 +101,10 @@ def test_a_stored_time_is_the_text_sqlalchemy_writes_and_reads_back_as_the_same_
     assert _SQLALCHEMY_DATETIME.result_processor(sqlite_dialect(), None)(written_by_sqlalchemy) == naive_utc
 
 
-def test_a_stored_time_with_an_offset_of_its_own_is_read_as_before() -> None:
+def test_a_stored_time_in_another_form_is_read_as_before() -> None:
     # Never written by the ledger nor by SQLAlchemy; read as it always was (its digits taken as UTC).
     assert sqlite_ledger._time("2026-12-05 08:00:00.000001+02:00") == dt.datetime(2026, 12, 5, 8, 0, 0, 1, tzinfo=_UTC)
+    # A date alone (with "+00:00" appended it would read as a naive time of day): UTC midnight, as always.
+    assert sqlite_ledger._time("2026-12-05") == dt.datetime(2026, 12, 5, tzinfo=_UTC)
     assert sqlite_ledger._time(None) is None
     assert sqlite_ledger._stamp(None) is None
