@@ -174,8 +174,13 @@ def test_the_common_path_written_straight_records_and_replays_as_a_protected_cal
 
     runs: list[str] = []
 
+    @replay_safe
+    def note(order_id: str) -> str:  # a step: protected on its parent's ledger, under its parent's key
+        return f"noted {order_id}"
+
     def refund(order_id: str) -> dict[str, str]:
         runs.append(order_id)
+        note(order_id)
         return {"refunded": order_id}
 
     ours_ledger, straight_ledger = MemoryLedger(), MemoryLedger()
@@ -193,7 +198,11 @@ def test_the_common_path_written_straight_records_and_replays_as_a_protected_cal
     assert straight_record.lease_expires_at - straight_record.created_at == (
         ours_record.lease_expires_at - ours_record.created_at
     )
+    # The call's own scope reaches its steps: each ledger holds the call and its step, alike.
+    assert len(list(ours_ledger.records())) == len(list(straight_ledger.records())) == 2
     with pytest.raises(NotImplementedError):  # off the common path: no ids
+        written_straight("o-1")
+    with tool_call("t", "m", "c", tool_timeout=0.5), pytest.raises(NotImplementedError):  # a hard deadline
         written_straight("o-1")
     with tool_call("t", "m", "c"), pytest.raises(NotImplementedError):  # other arguments: a mismatch
         written_straight("o-2")
