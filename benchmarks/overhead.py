@@ -304,7 +304,9 @@ def memory_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEve
         for kind in ("miss", "hit")
     ]
     compare += _timeout_mechanisms(blocks, ledger, calls)
-    # Context: the same common path written straight, on a memory ledger of its own (as many records).
+    # Context: the same common path written straight, on a memory ledger of its own. It holds fewer records
+    # than ours', which the timeout blocks fill too; a review measured about 0.2 us more per first call with
+    # 100k more records.
     written_straight = straight(MemoryLedger(), _counting_refund(), "refund")
     for thread_id, message_id, tool_call_id in _hit_ids(calls, "x"):
         with tool_call(thread_id, message_id, tool_call_id):
