@@ -303,7 +303,8 @@ def _overhead_table(results: dict[str, Any]) -> list[str]:
             f"Microseconds over a bare call of the tool, and that cost over `json.dumps` + `json.loads` of the "
             f"result ({_spread(reference)} us) timed in the same round. Per round. *straight* (context, not a "
             "product): the same common path written straight, in one function with the library's own pieces "
-            "(benchmarks/_straight.py): the decisions without the protocol's shape (plan, generator, drivers).",
+            "(benchmarks/_straight.py): the decisions, the plan's included, without the protocol's shape "
+            "(the plan tuple, generator, drivers).",
             "",
             "| subject | library CPU us | / JSON round trip |",
             "|---|---|---|",
