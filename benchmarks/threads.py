@@ -62,7 +62,7 @@ class FloorLoad:
 
     With ``then`` (a load on a memory ledger), each floor operation is followed by the same kind of
     protected call on the memory ledger: the raw client's round trips with the library's generic
-    Python between them, but none of the ledger's own code (the control for the library's part).
+    Python between them, but none of the server ledger's own code (the control for the library's part).
     """
 
     def __init__(self, floors: list[subjects.Floor], prefix: str) -> None:
@@ -73,14 +73,26 @@ class FloorLoad:
     def measure(self, kind: str, callers: int, seconds: float, then: Load | None = None) -> float:
         self.point += 1
         floors, tag, prefix = self.floors, f"{self.prefix}-p{self.point}", self.prefix
-        if then is not None:
-            memory_call = then.call(kind, tag)
-            if kind == "miss":
-                return _threads(lambda w, i: (floors[w].miss(f"{tag}-w{w}-{i}"), memory_call(w, i)), callers, seconds)
-            return _threads(lambda w, i: (floors[w].hit(f"{prefix}-hit-w{w}"), memory_call(w, i)), callers, seconds)
-        if kind == "miss":
-            return _threads(lambda w, i: floors[w].miss(f"{tag}-w{w}-{i}"), callers, seconds)
-        return _threads(lambda w, i: floors[w].hit(f"{prefix}-hit-w{w}"), callers, seconds)
+
+        if kind == "miss":  # chosen once: the floor's loop runs no test of its own
+
+            def floor_op(w: int, i: int) -> None:
+                floors[w].miss(f"{tag}-w{w}-{i}")
+
+        else:
+
+            def floor_op(w: int, i: int) -> None:
+                floors[w].hit(f"{prefix}-hit-w{w}")
+
+        if then is None:
+            return _threads(floor_op, callers, seconds)
+        memory_call = then.call(kind, tag)
+
+        def floor_then_memory(w: int, i: int) -> None:
+            floor_op(w, i)
+            memory_call(w, i)
+
+        return _threads(floor_then_memory, callers, seconds)
 
 
 @contextlib.contextmanager

@@ -138,6 +138,18 @@ def eventually(direct: RedisLedger, key: CallKey, done: Callable[[Record | None]
     return record
 
 
+def written_later(direct: RedisLedger, proxy: FaultyProxy, key: CallKey, tool: Callable[[], str]) -> None:
+    """The call's record, left running while its finishing write failed, is completed once the
+    proxy forwards again; the next call then replays it (``tool`` must not run again)."""
+    running = direct.get(key)
+    assert running is not None and running.status is Status.RUNNING
+    proxy.mode = "forward"
+    record = eventually(direct, key, lambda r: r is not None and r.status is Status.COMPLETED)
+    assert record is not None and record.status is Status.COMPLETED
+    with tool_call(*key):
+        assert tool() == "refunded"  # replayed from the record written late
+
+
 def test_a_claim_whose_reply_was_lost_is_released(proxied: tuple[RedisLedger, RedisLedger, FaultyProxy]) -> None:
     faulty, direct, proxy = proxied
     key, runs = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1"), []
@@ -174,66 +186,53 @@ def test_a_failed_finishing_write_is_kept_and_written_later(
 
     with tool_call(*key):
         assert refund() == "refunded"
-    running = direct.get(key)
-    assert running is not None and running.status is Status.RUNNING
-    proxy.mode = "forward"
-    record = eventually(direct, key, lambda r: r is not None and r.status is Status.COMPLETED)
-    assert record is not None and record.status is Status.COMPLETED
-    with tool_call(*key):
-        assert refund() == "refunded"  # replayed from the record written late
+    written_later(direct, proxy, key, refund)
     assert runs == [1]
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_a_claim_whose_reply_was_lost_is_released_when_its_retry_then_fails_for_good(
-    redis_url: str, asynchronous: bool
+    proxied: tuple[RedisLedger, RedisLedger, FaultyProxy], asynchronous: bool
 ) -> None:
     """A first attempt that failed transiently may have landed, whatever the retry's error says
     after it: before, a retry refused for good (here an ACL error) left the landed claim running
     under its live owner until the lease ran out, because only the last error was looked at."""
-    parts = urllib.parse.urlsplit(redis_url)
-    proxy = FaultyProxy(parts.hostname or "127.0.0.1", parts.port or 6379)
-    through = urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{proxy.port}"))
+    faulty, direct, proxy = proxied
+    faulty.retry = RetryPolicy(attempts=3)
     key, runs = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1"), []
-    try:
-        with open_ledger(through, retry=RetryPolicy(attempts=3)) as faulty, open_ledger(redis_url) as direct:
-            assert isinstance(faulty, RedisLedger) and isinstance(direct, RedisLedger)
-            faulty.get(CallKey("warm", "up", "-"))  # connected and its scripts loaded
 
-            @replay_safe(ledger=faulty, on_ledger_error="raise")
-            def send_invite() -> str:
-                runs.append(1)
-                return "sent"
+    @replay_safe(ledger=faulty, on_ledger_error="raise")
+    def send_invite() -> str:
+        runs.append(1)
+        return "sent"
 
-            @replay_safe(ledger=faulty, on_ledger_error="raise")
-            async def asend_invite() -> str:
-                return send_invite.__wrapped__()  # type: ignore[attr-defined,no-any-return]
+    @replay_safe(ledger=faulty, on_ledger_error="raise")
+    async def asend_invite() -> str:
+        return send_invite.__wrapped__()  # type: ignore[attr-defined,no-any-return]
 
-            async def call_async() -> str:
-                async with tool_call(*key):
-                    return await asend_invite()
+    async def call_async() -> str:
+        async with tool_call(*key):
+            return await asend_invite()
 
-            def call() -> str:
-                if asynchronous:
-                    return asyncio.run(call_async())
-                with tool_call(*key):
-                    return send_invite()
+    def call() -> str:
+        if asynchronous:
+            return asyncio.run(call_async())
+        with tool_call(*key):
+            return send_invite()
 
-            # Its reply lost, then redis-py's own immediate retry lost: the ledger's attempt failed
-            # transiently. Then the ledger's retry is refused for good.
-            proxy.fail_scripts(replies=1, requests=1)
-            with pytest.raises(LedgerError) as raised:
-                call()
-            assert raised.value.permanent and "NoPermissionError" in str(raised.value)  # the retry's error
-            assert runs == []
-            landed = direct.get(key)
-            assert landed is not None and landed.status is Status.RUNNING  # the first attempt landed
-            proxy.mode = "forward"  # the permission is back: the release kept for later goes through
-            assert eventually(direct, key, lambda r: r is None) is None
-            assert call() == "sent"
-            assert runs == [1]
-    finally:
-        proxy.close()
+    # Its reply lost, then redis-py's own immediate retry lost: the ledger's attempt failed
+    # transiently. Then the ledger's retry is refused for good.
+    proxy.fail_scripts(replies=1, requests=1)
+    with pytest.raises(LedgerError) as raised:
+        call()
+    assert raised.value.permanent and "NoPermissionError" in str(raised.value)  # the retry's error
+    assert runs == []
+    landed = direct.get(key)
+    assert landed is not None and landed.status is Status.RUNNING  # the first attempt landed
+    proxy.mode = "forward"  # the permission is back: the release kept for later goes through
+    assert eventually(direct, key, lambda r: r is None) is None
+    assert call() == "sent"
+    assert runs == [1]
 
 
 def test_a_finishing_write_is_kept_when_its_retry_then_fails_for_good(
@@ -253,11 +252,5 @@ def test_a_finishing_write_is_kept_when_its_retry_then_fails_for_good(
 
     with tool_call(*key):
         assert refund() == "refunded"  # on_ledger_error="warn": logged, the result returned
-    running = direct.get(key)
-    assert running is not None and running.status is Status.RUNNING
-    proxy.mode = "forward"
-    record = eventually(direct, key, lambda r: r is not None and r.status is Status.COMPLETED)
-    assert record is not None and record.status is Status.COMPLETED
-    with tool_call(*key):
-        assert refund() == "refunded"  # replayed from the record written late
+    written_later(direct, proxy, key, refund)
     assert runs == [1]
