@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 import time
 from collections.abc import Callable, Mapping
@@ -117,14 +118,15 @@ class RunningCall(CallInfo):
             cls, (key.thread_id, key.message_id, key.tool_call_id, tool_name, attempt, args, kwargs, scope.parent)
         )
         call.scope = scope
+        call.__dict__["key"] = key  # what ``key`` returns: the scope's own, not a new tuple
         return call
 
-    @property
+    @functools.cached_property
     def key(self) -> CallKey:
-        # The scope's key, whose ids these are: not a new tuple on each read (the hot path reads it
-        # several times). A copy made by _replace has no scope: its key is built from its ids.
-        scope = self.__dict__.get("scope")
-        return scope.key if scope is not None else CallKey(self.thread_id, self.message_id, self.tool_call_id)
+        # Set by ``of`` in the instance's __dict__, which a non-data descriptor leaves to it: read
+        # without a call (the hot path reads it several times). A copy made by _replace has none:
+        # its key is built from its ids, once.
+        return CallKey(self.thread_id, self.message_id, self.tool_call_id)
 
     def next_ordinal(self, tool_name: str) -> int:
         """1 for this execution's first step named ``tool_name``, then 2, 3...; thread-safe."""

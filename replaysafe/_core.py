@@ -417,12 +417,6 @@ def _resolve_command(key: CallKey) -> str:
     return ledger_command("resolve", key)
 
 
-def _call_info(
-    spec: ToolSpec, scope: CallScope, attempt: int, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-) -> CallInfo:
-    return RunningCall.of(scope, spec.name, attempt, args, kwargs)
-
-
 def _run(
     spec: ToolSpec,
     scope: CallScope,
@@ -437,7 +431,7 @@ def _run(
     sealer: Sealer | None,
 ) -> Run:
     """The decision to run attempt ``attempt`` of the call, claimed by ``owner``."""
-    call = _call_info(spec, scope, attempt, args, kwargs)
+    call = RunningCall.of(scope, spec.name, attempt, args, kwargs)
     return Run(call, owner, timeout, host, host.monotonic(), lease, args_digest, sealer)
 
 
@@ -568,6 +562,8 @@ begin = functools.partial(_protocol, False)
 #: ``replay(...)``, begin's arguments: the whole protocol of a plain (not streaming) call, in one
 #: generator (``begin``'s, going on to run and settle); returns the tool's result.
 replay = functools.partial(_protocol, True)
+#: ``begin`` or ``replay``: the protocol a protected call is driven through.
+Phase = Callable[..., Protocol]
 
 
 def _replayed(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> Any:
@@ -705,7 +701,8 @@ def _unprotected(
         key=key,
         level=30,  # WARNING: the call goes on
     )
-    return Run(_call_info(spec, scope, 1, args, kwargs), None, timeout, host, host.monotonic(), spec.lease_for(timeout))
+    call = RunningCall.of(scope, spec.name, 1, args, kwargs)
+    return Run(call, None, timeout, host, host.monotonic(), spec.lease_for(timeout))
 
 
 # --- phase 2: record ------------------------------------------------------------------
@@ -727,10 +724,13 @@ def _unstorable(encoded: object) -> str | None:
 
 
 def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, Any, None]:
-    """Record the value the tool returned."""
+    """Record the value the tool returned: the protocol that does it.
+
+    A plain function returning the generator to drive (not a generator itself): the common
+    case hands back ``_finish``'s own, one generator fewer per call for the drivers to resume.
+    """
     if run.owner is None:
-        return
-    key = run.call.key
+        return _nothing()
     marker: str | None = None
     try:
         encoded = spec.serializer.dumps(result)
@@ -750,26 +750,21 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
             marker = _unrecorded.mark("too_large", result, len(encoded))
             why = f"its encoded size, {len(encoded)} bytes, is over max_result_bytes={spec.max_result_bytes}"
     if marker is not None:
-        # The tool ran: record it as finished, without its result, so that it never runs again.
-        yield from _finish(spec, run, Status.COMPLETED, marker, fail_closed=True, result=result)
-        idempotency_key = call_idempotency_key(*key, spec.name)
-        message = (
-            f"{describe(spec.name, key)} ran, but its result (a {_unrecorded.type_name(result)}) cannot be "
-            f"recorded: {why}. The call is recorded as finished without its result, so a replay raises "
-            f"ResultEncodingError and never runs it again (idempotency key {idempotency_key}); settle it with "
-            f"{_resolve_command(key)} --result '<json>'. Return JSON-able data of "
-            "a bounded size, raise max_result_bytes, or pass a serializer=."
-        )
-        run.host.emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=run.call.attempt)
-        if spec.on_ledger_error == "raise":
-            raise ResultEncodingError(
-                message, tool_name=spec.name, key=key, idempotency_key=idempotency_key, result=result
-            )
-        return
+        return _record_unrecordable(spec, run, result, marker, why)
+    if run.host.wanted(_EXECUTED):
+        return _record_executed(spec, run, encoded, result)
+    return _finish(spec, run, _COMPLETED, encoded, fail_closed=True, result=result)
+
+
+def _nothing() -> Generator[Effect, Any, None]:
+    return
+    yield  # a generator: it yields nothing
+
+
+def _record_executed(spec: ToolSpec, run: Run, encoded: str, result: Any) -> Generator[Effect, Any, None]:
+    """``_finish`` for a result, then the event that says so (someone listens for it)."""
     yield from _finish(spec, run, _COMPLETED, encoded, fail_closed=True, result=result)
-    host = run.host
-    if not host.wanted(_EXECUTED):
-        return
+    key, host = run.call.key, run.host
     host.emit(
         _EXECUTED,
         f"{describe(spec.name, key)} ran and its result is recorded",
@@ -778,6 +773,24 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
         attempt=run.call.attempt,
         duration=host.monotonic() - run.started,
     )
+
+
+def _record_unrecordable(spec: ToolSpec, run: Run, result: Any, marker: str, why: str) -> Generator[Effect, Any, None]:
+    """The tool ran, but its result cannot be recorded: record it as finished, without its result,
+    so that it never runs again."""
+    key = run.call.key
+    yield from _finish(spec, run, Status.COMPLETED, marker, fail_closed=True, result=result)
+    idempotency_key = call_idempotency_key(*key, spec.name)
+    message = (
+        f"{describe(spec.name, key)} ran, but its result (a {_unrecorded.type_name(result)}) cannot be "
+        f"recorded: {why}. The call is recorded as finished without its result, so a replay raises "
+        f"ResultEncodingError and never runs it again (idempotency key {idempotency_key}); settle it with "
+        f"{_resolve_command(key)} --result '<json>'. Return JSON-able data of "
+        "a bounded size, raise max_result_bytes, or pass a serializer=."
+    )
+    run.host.emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=run.call.attempt)
+    if spec.on_ledger_error == "raise":
+        raise ResultEncodingError(message, tool_name=spec.name, key=key, idempotency_key=idempotency_key, result=result)
 
 
 def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException) -> Generator[Effect, Any, None]:

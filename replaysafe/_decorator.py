@@ -13,14 +13,14 @@ from typing import Any, Literal, TypeVar, overload
 
 import wrapt
 
-from . import _config, _constants
+from . import _config, _constants, _drivers
 from ._codec import JsonSerializer, Serializer
 from ._config import default_ledger
 from ._context import (
     UNSET,
-    CallInfo,
     CallScope,
     InDoubt,
+    NodeScope,
     RunningCall,
     _current,
     _node,
@@ -28,13 +28,14 @@ from ._context import (
     check_in_doubt,
     timeout_setting,
 )
-from ._core import OnLedgerError, ToolSpec, effective_timeout, replay
-from ._drivers import Plan, adrive, drive, start
+from ._core import OnLedgerError, Phase, ToolSpec, begin, effective_timeout, replay
+from ._drivers import Driving, Planned, adrive, drive
 from ._errors import MissingCallIdError, ToolTimeoutError, UnprotectedCallWarning, describe
 from ._events import EventKind, emit, wanted
 from ._identity import SignatureDigest, args_digest
 from ._keys import args_key, business_key, step_key
-from ._records import CallKey, new_tuple
+from ._owners import owner_token
+from ._records import new_tuple
 from ._streaming import astream, stream
 from .ledgers import Ledger
 
@@ -157,8 +158,16 @@ class _Tool:
         bound.apply_defaults()
         return bound.arguments
 
-    def plan(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Plan | None:
-        """The ledger, scope, argument digest and timeout of a protected call; ``None`` to run it plainly."""
+    def plan(
+        self,
+        instance: object,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        wrapped: Callable[..., Any],
+        phase: Phase = replay,
+    ) -> Planned | None:
+        """A protected call's protocol (``phase``: ``replay``, or ``begin`` for a stream), ready to drive:
+        its ledger, scope, argument digest and timeout decided. ``None`` to run the call plainly."""
         if _config.disabled:
             _warn_disabled(self.spec.name)
             return None
@@ -182,19 +191,17 @@ class _Tool:
                 return None
             else:
                 key = scope.key
+            digest = self.digest(instance, args, kwargs)
         elif self.key == "args":
             if scope is None or not scope.key.thread_id:
                 self._missing_ids(scope, 'key="args" needs a thread id, and ')
                 return None
             digest = self.digest(instance, args, kwargs)
-            return self._planned(scope, args_key(scope.key.thread_id, name, digest), ledger, digest, parent)
+            key = args_key(scope.key.thread_id, name, digest)
         else:
             key = business_key(name, self.key(**self.arguments(instance, args, kwargs)))
-        return self._planned(scope, key, ledger, self.digest(instance, args, kwargs), parent)
-
-    def _planned(
-        self, scope: CallScope | None, key: CallKey, ledger: Ledger, digest: str, parent: CallInfo | None
-    ) -> Plan:
+            digest = self.digest(instance, args, kwargs)
+        # The rest is written out here, not in helpers: it runs on every protected call.
         pauses = self.pause_on + _config.pauses
         if scope is None:
             scope = CallScope(key, ledger, pauses)
@@ -202,30 +209,39 @@ class _Tool:
             # The scope the protocol and this call's steps see: its own key, ledger and pauses.
             fields = (key, ledger, scope.pauses + pauses, scope.tool_timeout, scope.in_doubt, parent, None)
             scope = new_tuple(CallScope, fields)
-        # A call inside another runs under its parent's deadline: a timer of its own would
-        # replace the parent's (one SIGALRM per process) or move it to another thread.
-        timeout, hard = (None, False) if parent is not None else self._timeout(scope)
-        return new_tuple(Plan, (ledger, scope, digest, timeout, getattr(ledger, "sealer", None), hard))  # type: ignore[no-any-return]
+        # The timeout: min(tool_timeout, time left in the node), the most specific setting winning;
+        # and whether it is a hard deadline, one the user gave rather than the built-in default. A
+        # call inside another runs under its parent's deadline: a timer of its own would replace the
+        # parent's (one SIGALRM per process) or move it to another thread.
+        if parent is not None:
+            timeout, hard = None, False
+        else:
+            node = _node.get()
+            timeout = scope.tool_timeout
+            if timeout is UNSET and node is not None:
+                timeout = node.tool_timeout
+            if timeout is UNSET:
+                timeout = self.timeout
+            if timeout is UNSET:
+                timeout = _config.default_tool_timeout
+            hard = timeout is not None and timeout is not UNSET
+            if timeout is UNSET:
+                timeout = _constants.TOOL_TIMEOUT
+            if node is not None:
+                timeout, hard = self._within_node(scope, node, timeout, hard)
+        spec = self.spec
+        host = _drivers.hosts.get(type(ledger)) or _drivers.host_for(ledger)  # (read here: tests replace them)
+        sealer = getattr(ledger, "sealer", None)
+        protocol = phase(spec, scope, digest, args, kwargs, timeout, sealer, owner_token(), host)
+        return protocol, new_tuple(Driving, (ledger, name, spec, scope, wrapped, hard))
 
-    def _timeout(self, scope: CallScope) -> tuple[float | None, bool]:
-        """min(tool_timeout, time left in the node), the most specific setting winning; and
-        whether it is a hard deadline: one the user gave, not the built-in default."""
-        node = _node.get()
-        tool_timeout = scope.tool_timeout
-        if tool_timeout is UNSET and node is not None:
-            tool_timeout = node.tool_timeout
-        if tool_timeout is UNSET:
-            tool_timeout = self.timeout
-        if tool_timeout is UNSET:
-            tool_timeout = _config.default_tool_timeout
-        hard = tool_timeout is not None and tool_timeout is not UNSET
-        if tool_timeout is UNSET:
-            tool_timeout = _constants.TOOL_TIMEOUT
-        if node is None:
-            return tool_timeout, hard  # no node deadline to shorten it (and a set timeout is > 0, or None)
+    def _within_node(
+        self, scope: CallScope, node: NodeScope, timeout: float | None, hard: bool
+    ) -> tuple[float | None, bool]:
+        """The timeout shortened to the time left in ``node``; hard when the node's deadline was given."""
         deadline = node.deadline
         hard = hard or (deadline is not None and node.deadline_given)
-        timeout = effective_timeout(tool_timeout, deadline, time.monotonic)
+        timeout = effective_timeout(timeout, deadline, time.monotonic)
         if timeout is not None and timeout <= 0:
             message = (
                 f"{describe(self.spec.name, scope.key)} did not run: its node's time ran out before the call "
@@ -472,8 +488,8 @@ def replay_safe(
 
         @wrapt.decorator
         async def protect_async_stream(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            plan = tool.plan(instance, args, kwargs)
-            chunks = wrapped(*args, **kwargs) if plan is None else astream(spec, plan, wrapped, args, kwargs)
+            planned = tool.plan(instance, args, kwargs, wrapped, begin)
+            chunks = wrapped(*args, **kwargs) if planned is None else astream(planned, wrapped, args, kwargs)
             async for chunk in chunks:
                 yield chunk
 
@@ -483,39 +499,38 @@ def replay_safe(
 
         @wrapt.decorator
         def protect_stream(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            plan = tool.plan(instance, args, kwargs)
-            return wrapped(*args, **kwargs) if plan is None else stream(spec, plan, wrapped, args, kwargs)
+            planned = tool.plan(instance, args, kwargs, wrapped, begin)
+            return wrapped(*args, **kwargs) if planned is None else stream(planned, wrapped, args, kwargs)
 
         return _marked(protect_stream(func), tool)
 
     if inspect.iscoroutinefunction(function):
-
+        # The plain closure repeats protect_async's two lines rather than call it: a frame less per call.
         async def protect_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            plan = tool.plan(instance, args, kwargs)
-            if plan is None:
-                return await wrapped(*args, **kwargs)
-            return await adrive(*start(replay, spec, plan, wrapped, args, kwargs))
+            planned = tool.plan(instance, args, kwargs, wrapped)
+            return await (wrapped(*args, **kwargs) if planned is None else adrive(*planned))
 
         if plain:
 
             @functools.wraps(function)
             async def call_async(*args: Any, **kwargs: Any) -> Any:
-                return await protect_async(function, None, args, kwargs)
+                planned = tool.plan(None, args, kwargs, function)
+                return await (function(*args, **kwargs) if planned is None else adrive(*planned))
 
             return _marked(call_async, tool)
         return _marked(wrapt.decorator(protect_async)(func), tool)
 
+    # The same here: the plain closure repeats protect's two lines, a frame less per call.
     def protect(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        plan = tool.plan(instance, args, kwargs)
-        if plan is None:
-            return wrapped(*args, **kwargs)
-        return drive(*start(replay, spec, plan, wrapped, args, kwargs))
+        planned = tool.plan(instance, args, kwargs, wrapped)
+        return wrapped(*args, **kwargs) if planned is None else drive(*planned)
 
     if plain:
 
         @functools.wraps(function)
         def call(*args: Any, **kwargs: Any) -> Any:
-            return protect(function, None, args, kwargs)
+            planned = tool.plan(None, args, kwargs, function)
+            return function(*args, **kwargs) if planned is None else drive(*planned)
 
         return _marked(call, tool)
     return _marked(wrapt.decorator(protect)(func), tool)

@@ -53,28 +53,13 @@ from ._metrics import ledger_kind
 from ._operations import aperform, interrupted, perform
 from ._owners import owner_alive, owner_token
 from ._pending import pending_writes
-from ._records import CallKey, Record, new_tuple
+from ._records import CallKey, Record
 from ._renewer import new_lease, renewer, start_renewing
-from ._sealing import Sealer
 from .ledgers import Ledger
 from .ledgers._protocol import NO_RESULT, Handed, hand_in
 
 #: The world as the protocol sees it: this machine's clocks and processes, the event sink.
 HOST = Host(utcnow, time.monotonic, owner_alive, emit, wanted)
-
-
-class Plan(NamedTuple):
-    """Everything a protected call needs besides its arguments."""
-
-    ledger: Ledger
-    scope: CallScope
-    digest: str
-    timeout: float | None
-    sealer: Sealer | None = None
-    #: Whether the user gave the timeout: only then may a sync tool leave the caller's thread
-    #: (or be interrupted by SIGALRM), or an async tool be cancelled, at its deadline; the
-    #: built-in one is kept by the lease and reported late.
-    hard_deadline: bool = True
 
 
 class Driving(NamedTuple):
@@ -91,36 +76,34 @@ class Driving(NamedTuple):
 # --- the loops ------------------------------------------------------------------------
 
 
-class _Finished(NamedTuple):
-    value: Any
-
-
-def _advance(protocol: Generator[Effect, Any, Any], send: Any, error: BaseException | None) -> Any:
-    """The protocol's next effect, given the last one's outcome; ``_Finished`` once it returned.
-
-    (Not the ``StopIteration`` itself: its traceback would hold this frame in a cycle
-    left to the garbage collector, which costs more than this tuple.)"""
-    try:
-        return protocol.send(send) if error is None else protocol.throw(error)
-    except StopIteration as stop:
-        return new_tuple(_Finished, (stop.value,))
-    except ToolExit as exc:
-        raise exc.original from None
-
-
 def _thrown(exc: BaseException) -> BaseException:
     # The protocol's own GeneratorExit means "closed": a tool's is carried as ToolExit.
     return ToolExit(exc) if isinstance(exc, GeneratorExit) else exc
 
 
+def _returned(end: StopIteration | ToolExit) -> Any:
+    """What the protocol returned (``end``: the StopIteration that ended it); or a tool's own
+    GeneratorExit, which it raised (carried through the protocol as a ``ToolExit``)."""
+    if isinstance(end, StopIteration):
+        return end.value
+    raise end.original from None
+
+
+# Each loop resumes the protocol in its own frame (a helper would cost a call per effect);
+# how the protocol ended is read once, outside the loop.
+
+
 def drive(protocol: Generator[Effect, Any, Any], driving: Driving) -> Any:
     send, error = None, None
-    while type(effect := _advance(protocol, send, error)) is not _Finished:
-        try:
-            send, error = _SYNC[type(effect)](effect, driving), None
-        except BaseException as exc:
-            send, error = None, _thrown(exc)
-    return effect.value
+    try:
+        while True:
+            effect = protocol.send(send) if error is None else protocol.throw(error)
+            try:
+                send, error = _SYNC[type(effect)](effect, driving), None
+            except BaseException as exc:
+                send, error = None, _thrown(exc)
+    except (StopIteration, ToolExit) as end:
+        return _returned(end)
 
 
 async def adrive(protocol: Generator[Effect, Any, Any], driving: Driving) -> Any:
@@ -128,15 +111,18 @@ async def adrive(protocol: Generator[Effect, Any, Any], driving: Driving) -> Any
     # performed as the sync driver does: nothing to shield, no coroutine to make and await.
     inline = _INLINE if not getattr(driving.ledger, "blocking_io", True) else _NONE_INLINE
     send, error = None, None
-    while type(effect := _advance(protocol, send, error)) is not _Finished:
-        try:
-            if type(effect) in inline:
-                send, error = perform(effect, driving), None
-            else:
-                send, error = await _ASYNC[type(effect)](effect, driving), None
-        except BaseException as exc:
-            send, error = None, _thrown(exc)
-    return effect.value
+    try:
+        while True:
+            effect = protocol.send(send) if error is None else protocol.throw(error)
+            try:
+                if type(effect) in inline:
+                    send, error = perform(effect, driving), None  # type: ignore[arg-type]  # a LedgerOp: in _INLINE
+                else:
+                    send, error = await _ASYNC[type(effect)](effect, driving), None
+            except BaseException as exc:
+                send, error = None, _thrown(exc)
+    except (StopIteration, ToolExit) as end:
+        return _returned(end)
 
 
 # --- sync effects -----------------------------------------------------------------------
@@ -165,56 +151,45 @@ def _lease(run: Run, driving: Driving, *, past_deadline: bool = True) -> Lease |
 
 
 def _invoke(run: Run, driving: Driving) -> Any:
+    """Run a sync tool, with ``current_call()`` set and its lease kept alive.
+
+    Under the built-in timeout (no hard deadline) it runs in the caller's thread, never
+    interrupted. That timeout is kept by the lease instead: renewed up to the deadline plus
+    the lease margin and no further (with the default lease, not at all), so past that another
+    host may take the call over as in doubt. Whether the tool ended late, and what that says,
+    is the protocol's (``report_late``). Only a timeout the user gave stops the tool at its
+    deadline: by SIGALRM in the main thread, or by leaving it in a worker thread.
+    """
     spec, wrapped = driving.spec, driving.wrapped
     assert spec is not None
     assert wrapped is not None
-    token = _current.set(run.call)
-    if not driving.hard_deadline:
-        try:
-            return _run_in_this_thread(run, wrapped, driving)
-        finally:
-            _current.reset(token)
-    lease = _lease(run, driving)
-    renewer.add(lease)  # renewed by the renewer thread, never by this one
-    try:
-        if run.timeout is not None and not alarm_is_ours_to_use():
-            # The tool may outlive its deadline in the worker: its lease is kept until it ends.
-            return run_in_worker(
-                spec.name,
-                run,
-                wrapped,
-                on_end=lambda: renewer.remove(lease),
-                on_late=lambda done: _record_late(run, done, driving),
-            )
-        try:
-            if run.timeout is None:
-                return wrapped(*run.call.args, **run.call.kwargs)
-            return run_with_alarm(spec.name, run, wrapped)
-        finally:
-            renewer.remove(lease)
-    finally:
-        _current.reset(token)
-
-
-def _run_in_this_thread(run: Run, wrapped: Callable[..., Any], driving: Driving) -> Any:
-    """A sync tool under the built-in timeout: in the caller's thread, never interrupted.
-
-    The timeout is kept by the lease instead: it is renewed up to the deadline plus the
-    lease margin and no further, so past that another host may take the call over as in
-    doubt. Whether the tool ended late, and what that says, is the protocol's (``report_late``).
-    """
-    assert driving.spec is not None
-    call = run.call
-    # None when there is nothing to renew (the default case: the claim's own lease reaches the deadline).
-    lease = _lease(run, driving, past_deadline=False)
+    call, hard = run.call, driving.hard_deadline
+    token = _current.set(call)
+    lease = _lease(run, driving, past_deadline=hard)
     if lease is not None:
-        renewer.add(lease)
+        renewer.add(lease)  # renewed by the renewer thread, never by this one
     try:
+        if hard and run.timeout is not None:
+            if not alarm_is_ours_to_use():
+                # The tool may outlive its deadline in the worker: its lease is kept until it ends.
+                kept, lease = lease, None
+                return run_in_worker(
+                    spec.name,
+                    run,
+                    wrapped,
+                    on_end=lambda: renewer.remove(kept),
+                    on_late=lambda done: _record_late(run, done, driving),
+                )
+            return run_with_alarm(spec.name, run, wrapped)
         return wrapped(*call.args, **call.kwargs)
     finally:
         if lease is not None:
             renewer.remove(lease)
-        report_late(driving.spec, run)
+        try:
+            if not hard:
+                report_late(spec, run)
+        finally:
+            _current.reset(token)
 
 
 def _record_late(run: Run, done: concurrent.futures.Future[Any], driving: Driving) -> None:
@@ -422,27 +397,17 @@ _NONE_INLINE: frozenset[type] = frozenset()
 # --- entry points -------------------------------------------------------------------------
 
 
-def start(
-    phase: Callable[..., Generator[Effect, Any, Any]],
-    spec: ToolSpec,
-    plan: Plan,
-    wrapped: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Any,
-) -> tuple[Generator[Effect, Any, Any], Driving]:
-    """The protocol of one protected call (``replay``, or ``begin`` for a stream), ready to drive."""
-    host = _hosts.get(type(plan.ledger)) or _host_for(plan.ledger)
-    protocol = phase(spec, plan.scope, plan.digest, args, kwargs, plan.timeout, plan.sealer, owner_token(), host)
-    return protocol, new_tuple(Driving, (plan.ledger, spec.name, spec, plan.scope, wrapped, plan.hard_deadline))
-
+#: A protected call ready to drive: its protocol, and what performing its effects needs.
+Planned = tuple[Generator[Effect, Any, Any], Driving]
 
 #: A host per ledger class: its events name the ledger's kind (for metrics and logs).
-_hosts: dict[type, Host] = {}
+hosts: dict[type, Host] = {}
 
 
-def _host_for(ledger: Ledger) -> Host:
+def host_for(ledger: Ledger) -> Host:
+    """The host a call on ``ledger`` is handed (``hosts.get(type(ledger)) or host_for(ledger)``)."""
     host = HOST._replace(emit=functools.partial(emit, ledger=ledger_kind(ledger)))
-    _hosts[type(ledger)] = host
+    hosts[type(ledger)] = host
     return host
 
 

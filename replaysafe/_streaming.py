@@ -17,9 +17,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, 
 from typing import Any, NamedTuple
 
 from ._context import _current
-from ._core import Replay, ToolSpec, begin, settle_error, settle_result
+from ._core import Replay, settle_error, settle_result
 from ._deadlines import past, timeout_error
-from ._drivers import Driving, Plan, _lease, adrive, drive, start
+from ._drivers import Driving, Planned, _lease, adrive, drive
 from ._leases import Lease
 from ._renewer import renewer, start_renewing
 
@@ -43,8 +43,7 @@ class _Flavor(NamedTuple):
 
 
 def _flow(
-    spec: ToolSpec,
-    plan: Plan,
+    planned: Planned,
     wrapped: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -54,7 +53,10 @@ def _flow(
 
     Its deadline is checked between chunks: a stream cannot be interrupted mid-chunk.
     """
-    protocol, driving = start(begin, spec, plan, wrapped, args, kwargs)
+    protocol, driving = planned
+    spec, scope = driving.spec, driving.scope
+    assert spec is not None
+    assert scope is not None
     decision = yield _CALL, functools.partial(flavor.drive, protocol, driving)
     if isinstance(decision, Replay):
         yield _HAND_OUT_ALL, decision.value
@@ -79,7 +81,7 @@ def _flow(
             yield _HAND_OUT, chunk
     except BaseException as exc:
         yield _CALL, getattr(source, flavor.close)
-        yield _CALL, functools.partial(flavor.drive, settle_error(spec, plan.scope, run, exc), driving)
+        yield _CALL, functools.partial(flavor.drive, settle_error(spec, scope, run, exc), driving)
         raise
     yield _CALL, functools.partial(flavor.drive, settle_result(spec, run, chunks), driving)
 
@@ -118,17 +120,17 @@ _ASYNC = _Flavor(_aleased, adrive, "__anext__", StopAsyncIteration, "aclose")
 
 
 def stream(
-    spec: ToolSpec, plan: Plan, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    planned: Planned, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Iterator[Any]:
-    """Yield a streaming tool's chunks as they come; record them all when it ends."""
-    return _iterate(_flow(spec, plan, wrapped, args, kwargs, _SYNC))
+    """Yield a streaming tool's chunks as they come (``planned``: its ``begin``); record them all when it ends."""
+    return _iterate(_flow(planned, wrapped, args, kwargs, _SYNC))
 
 
 def astream(
-    spec: ToolSpec, plan: Plan, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    planned: Planned, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> AsyncIterator[Any]:
     """``stream`` for async generator tools."""
-    return _aiterate(_flow(spec, plan, wrapped, args, kwargs, _ASYNC))
+    return _aiterate(_flow(planned, wrapped, args, kwargs, _ASYNC))
 
 
 def _iterate(flow: Flow) -> Iterator[Any]:

@@ -852,7 +852,7 @@ def test_the_wait_deadline_follows_the_monotonic_clock_not_the_wall_clock(
     steps = iter(range(1_000_000))
     stepped_back = _drivers.HOST._replace(now=lambda: now - dt.timedelta(hours=next(steps)))
     monkeypatch.setattr(_drivers, "HOST", stepped_back)
-    monkeypatch.setattr(_drivers, "_hosts", {})  # hosts made per ledger kind derive from HOST anew
+    monkeypatch.setattr(_drivers, "hosts", {})  # hosts made per ledger kind derive from HOST anew
     outcome: list[BaseException] = []
 
     def wait() -> None:

@@ -159,7 +159,7 @@ def test_a_stream_past_its_timeout_stops_between_chunks_on_the_runs_clock(
     ticks = itertools.count(time.monotonic() + 1e6, 10)
     fast = _drivers.HOST._replace(monotonic=lambda: next(ticks))
     monkeypatch.setattr(_drivers, "HOST", fast)
-    monkeypatch.setattr(_drivers, "_hosts", {})  # hosts made per ledger kind derive from HOST anew
+    monkeypatch.setattr(_drivers, "hosts", {})  # hosts made per ledger kind derive from HOST anew
     made: list[int] = []
     closed: list[bool] = []
 

@@ -474,7 +474,7 @@ def test_passing_the_default_timeout_is_reported_late(
     monkeypatch.setattr(_constants, "TOOL_TIMEOUT", 0.2)
     clock = SteppedClock()
     monkeypatch.setattr(_drivers, "HOST", _drivers.HOST._replace(monotonic=clock))
-    monkeypatch.setattr(_drivers, "_hosts", {})  # the hosts built from HOST, per ledger class
+    monkeypatch.setattr(_drivers, "hosts", {})  # the hosts built from HOST, per ledger class
     events: list[Event] = []
     unsubscribe = on_event(events.append)
     runs: list[int] = []
