@@ -140,9 +140,14 @@ def ledger_error(
 ) -> LedgerError:
     """The error a failed operation raises into the protocol. What it may have done is undone, and a
     finishing write kept, for later: when ``exc`` is transient (its outcome is unknown), or when an
-    earlier attempt was (``landed_maybe``), whatever ``exc`` says."""
+    earlier attempt was (``landed_maybe``, or ``exc`` raised from a transient error), whatever
+    ``exc`` says."""
     fault = diagnose(ledger, exc)
     transient = fault.transient
+    # An error raised from a transient one: the ledger's client tried the operation again within
+    # this attempt (redis-py does, on a dropped connection), and the first try may have landed.
+    raised_from = exc.__cause__
+    landed_maybe = landed_maybe or (raised_from is not None and is_transient(ledger, raised_from))
     undo = undo_for(op) if transient or landed_maybe else None
     _defer(undo, ledger, tool_name)
     deferred = undo is op

@@ -150,6 +150,32 @@ def written_later(direct: RedisLedger, proxy: FaultyProxy, key: CallKey, tool: C
         assert tool() == "refunded"  # replayed from the record written late
 
 
+def invite(ledger: RedisLedger, key: CallKey, runs: list[int], *, asynchronous: bool) -> Callable[[], str]:
+    """A call of a protected ``send_invite`` under ``key`` (sync, or async in a loop of its own),
+    failing closed; each run of the tool is counted in ``runs``."""
+
+    @replay_safe(ledger=ledger, on_ledger_error="raise")
+    def send_invite() -> str:
+        runs.append(1)
+        return "sent"
+
+    @replay_safe(ledger=ledger, on_ledger_error="raise")
+    async def asend_invite() -> str:
+        return send_invite.__wrapped__()  # type: ignore[attr-defined,no-any-return]
+
+    async def call_async() -> str:
+        async with tool_call(*key):
+            return await asend_invite()
+
+    def call() -> str:
+        if asynchronous:
+            return asyncio.run(call_async())
+        with tool_call(*key):
+            return send_invite()
+
+    return call
+
+
 def test_a_claim_whose_reply_was_lost_is_released(proxied: tuple[RedisLedger, RedisLedger, FaultyProxy]) -> None:
     faulty, direct, proxy = proxied
     key, runs = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1"), []
@@ -191,63 +217,59 @@ def test_a_failed_finishing_write_is_kept_and_written_later(
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    ("attempts", "lost"),
+    [(3, 1), (1, 0)],
+    ids=["the-ledgers-retry", "the-clients-own-retry"],
+)
 def test_a_claim_whose_reply_was_lost_is_released_when_its_retry_then_fails_for_good(
-    proxied: tuple[RedisLedger, RedisLedger, FaultyProxy], asynchronous: bool
+    proxied: tuple[RedisLedger, RedisLedger, FaultyProxy], asynchronous: bool, attempts: int, lost: int
 ) -> None:
-    """A first attempt that failed transiently may have landed, whatever the retry's error says
-    after it: before, a retry refused for good (here an ACL error) left the landed claim running
-    under its live owner until the lease ran out, because only the last error was looked at."""
+    """A first try that failed transiently may have landed, whatever the retry's error says after
+    it: before, a retry refused for good (here an ACL error) left the landed claim running under
+    its live owner until the lease ran out, because only the last error was looked at. The claim
+    runs and its reply is lost; then either redis-py's own immediate retry is lost too (a
+    transient failure of the ledger's attempt) and the ledger's retry is refused, or, with one
+    ledger attempt, redis-py's immediate retry is refused, inside that attempt."""
     faulty, direct, proxy = proxied
-    faulty.retry = RetryPolicy(attempts=3)
+    faulty.retry = RetryPolicy(attempts=attempts)
     key, runs = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1"), []
 
-    @replay_safe(ledger=faulty, on_ledger_error="raise")
-    def send_invite() -> str:
-        runs.append(1)
-        return "sent"
-
-    @replay_safe(ledger=faulty, on_ledger_error="raise")
-    async def asend_invite() -> str:
-        return send_invite.__wrapped__()  # type: ignore[attr-defined,no-any-return]
-
-    async def call_async() -> str:
-        async with tool_call(*key):
-            return await asend_invite()
-
-    def call() -> str:
-        if asynchronous:
-            return asyncio.run(call_async())
-        with tool_call(*key):
-            return send_invite()
-
-    # Its reply lost, then redis-py's own immediate retry lost: the ledger's attempt failed
-    # transiently. Then the ledger's retry is refused for good.
-    proxy.fail_scripts(replies=1, requests=1)
+    call = invite(faulty, key, runs, asynchronous=asynchronous)
+    proxy.fail_scripts(replies=1, requests=lost)
     with pytest.raises(LedgerError) as raised:
         call()
     assert raised.value.permanent and "NoPermissionError" in str(raised.value)  # the retry's error
     assert runs == []
     landed = direct.get(key)
-    assert landed is not None and landed.status is Status.RUNNING  # the first attempt landed
+    assert landed is not None and landed.status is Status.RUNNING  # the first try landed
     proxy.mode = "forward"  # the permission is back: the release kept for later goes through
     assert eventually(direct, key, lambda r: r is None) is None
     assert call() == "sent"
     assert runs == [1]
 
 
+@pytest.mark.parametrize(
+    ("attempts", "lost"),
+    [(3, 2), (1, 1)],
+    ids=["the-ledgers-retry", "the-clients-own-retry"],
+)
 def test_a_finishing_write_is_kept_when_its_retry_then_fails_for_good(
-    proxied: tuple[RedisLedger, RedisLedger, FaultyProxy],
+    proxied: tuple[RedisLedger, RedisLedger, FaultyProxy], attempts: int, lost: int
 ) -> None:
-    """The finishing write's first attempt is lost (redis-py's immediate retry too: a transient
-    failure), then its retry is refused for good: it is kept and written once the ledger takes it."""
+    """The finishing write's request is lost with its connection, then its retry is refused for
+    good: it is kept and written once the ledger takes it. The retry that is refused is the
+    ledger's (the first attempt's own immediate retry by redis-py lost too: a transient failure),
+    or, with one ledger attempt, redis-py's, inside that attempt: before, the permanent error
+    alone was looked at there, and the write was dropped."""
     faulty, direct, proxy = proxied
-    faulty.retry = RetryPolicy(attempts=3)
+    faulty.retry = RetryPolicy(attempts=attempts)
     key, runs = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1"), []
 
     @replay_safe(ledger=faulty)
     def refund() -> str:
         runs.append(1)
-        proxy.fail_scripts(requests=2)  # the tool ran; its record's write is lost, then refused
+        proxy.fail_scripts(requests=lost)  # the tool ran; its record's write is lost, then refused
         return "refunded"
 
     with tool_call(*key):

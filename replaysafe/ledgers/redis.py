@@ -426,11 +426,14 @@ class _Held:
 
     def execute_command(self, *command: Any) -> Any:
         conn = self._take()
+        failures = _Failures(conn)
         try:
-            reply = conn.retry.call_with_retry(lambda: _exchange(conn, command), lambda _: conn.disconnect())
-        except redis.ResponseError:
+            reply = conn.retry.call_with_retry(lambda: _exchange(conn, command), failures)
+        except redis.ResponseError as exc:
+            failures.chain(exc)
             raise  # the reply was read whole: the connection is clean
-        except BaseException:
+        except BaseException as exc:
+            failures.chain(exc)
             conn.disconnect()
             raise
         finally:
@@ -475,11 +478,14 @@ class _AsyncHeld(_Held):
 
     async def execute_command(self, *command: Any) -> Any:
         conn = self._take()
+        failures = _Failures(conn)
         try:
-            reply = await conn.retry.call_with_retry(lambda: self._exchange(conn, command), lambda _: conn.disconnect())
-        except redis.ResponseError:
+            reply = await conn.retry.call_with_retry(lambda: self._exchange(conn, command), failures)
+        except redis.ResponseError as exc:
+            failures.chain(exc)
             raise
-        except BaseException:
+        except BaseException as exc:
+            failures.chain(exc)
             await conn.disconnect(nowait=True)
             raise
         finally:
@@ -499,6 +505,33 @@ _timeout: Callable[[float | None], Any] | None = getattr(asyncio, "timeout", Non
 async def _aexchange(conn: Any, command: Sequence[Any]) -> Any:
     await conn.send_packed_command(_packed(command, conn.encoder))
     return await conn.read_response()
+
+
+class _Failures:
+    """redis-py's own retry of one command on a held connection: what it does on each failure
+    (``disconnect()``, as redis-py does; the async retry awaits what this returns), and the first
+    failure, kept.
+
+    A command whose connection dropped may have run before it did (its reply lost), and the
+    retry that follows at once may then fail for good (a permission revoked meanwhile). The
+    final error is raised from the first failure (``chain``), so that the ledger's caller, which
+    sees only one attempt, knows the command may have landed and undoes it (``ledger_error``).
+    """
+
+    __slots__ = ("conn", "first")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.first: BaseException | None = None
+
+    def __call__(self, error: BaseException) -> Any:
+        if self.first is None:
+            self.first = error
+        return self.conn.disconnect()
+
+    def chain(self, final: BaseException) -> None:
+        if self.first is not None and self.first is not final and final.__cause__ is None:
+            final.__cause__ = self.first
 
 
 def _exchange(conn: Any, command: Sequence[Any]) -> Any:
