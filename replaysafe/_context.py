@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextvars
-import functools
 import itertools
+import operator
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
@@ -118,15 +118,16 @@ class RunningCall(CallInfo):
             cls, (key.thread_id, key.message_id, key.tool_call_id, tool_name, attempt, args, kwargs, scope.parent)
         )
         call.scope = scope
-        call.__dict__["key"] = key  # what ``key`` returns: the scope's own, not a new tuple
         return call
 
-    @functools.cached_property
-    def key(self) -> CallKey:
-        # Set by ``of`` in the instance's __dict__, which a non-data descriptor leaves to it: read
-        # without a call (the hot path reads it several times). A copy made by _replace has none:
-        # its key is built from its ids, once.
-        return CallKey(self.thread_id, self.message_id, self.tool_call_id)
+    #: The scope's key, whose ids these are: read by a C getter, without a Python call (the hot
+    #: path reads it several times), and read-only, as on ``CallInfo``.
+    key = property(operator.attrgetter("scope.key"))
+
+    def _replace(self, **changes: Any) -> CallInfo:  # type: ignore[override]
+        """A plain ``CallInfo`` with ``changes`` (its key built from its ids): the execution's state,
+        its scope and step counters, stays with this one."""
+        return CallInfo(*self)._replace(**changes)
 
     def next_ordinal(self, tool_name: str) -> int:
         """1 for this execution's first step named ``tool_name``, then 2, 3...; thread-safe."""

@@ -751,28 +751,12 @@ def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, An
             why = f"its encoded size, {len(encoded)} bytes, is over max_result_bytes={spec.max_result_bytes}"
     if marker is not None:
         return _record_unrecordable(spec, run, result, marker, why)
-    if run.host.wanted(_EXECUTED):
-        return _record_executed(spec, run, encoded, result)
-    return _finish(spec, run, _COMPLETED, encoded, fail_closed=True, result=result)
+    return _finish(spec, run, _COMPLETED, encoded, fail_closed=True, result=result, executed=True)
 
 
 def _nothing() -> Generator[Effect, Any, None]:
     return
     yield  # a generator: it yields nothing
-
-
-def _record_executed(spec: ToolSpec, run: Run, encoded: str, result: Any) -> Generator[Effect, Any, None]:
-    """``_finish`` for a result, then the event that says so (someone listens for it)."""
-    yield from _finish(spec, run, _COMPLETED, encoded, fail_closed=True, result=result)
-    key, host = run.call.key, run.host
-    host.emit(
-        _EXECUTED,
-        f"{describe(spec.name, key)} ran and its result is recorded",
-        tool_name=spec.name,
-        key=key,
-        attempt=run.call.attempt,
-        duration=host.monotonic() - run.started,
-    )
 
 
 def _record_unrecordable(spec: ToolSpec, run: Run, result: Any, marker: str, why: str) -> Generator[Effect, Any, None]:
@@ -865,8 +849,10 @@ def _finish(
     *,
     fail_closed: bool,
     result: Any = None,
+    executed: bool = False,
 ) -> Generator[Effect, Any, None]:
-    """Write how the call ended; a write that fails is logged (or raised, fail-closed)."""
+    """Write how the call ended; a write that fails is logged (or raised, fail-closed). ``executed``:
+    the tool's result, reported as recorded once the write is done (when anyone listens then)."""
     key, owner, host = run.call.key, run.owner, run.host
     assert owner is not None
     # A finished record is sealed even without a result: on read, an unsealed one is a forgery.
@@ -885,15 +871,24 @@ def _finish(
         if fail_closed and spec.on_ledger_error == "raise":
             exc.result = result
             raise
-        return
-    if not recorded:
+    else:
+        if not recorded:
+            host.emit(
+                EventKind.DUPLICATE_DETECTED,
+                f"duplicate execution of {describe(spec.name, key)}: its claim was taken over by another worker "
+                f"while this one ({owner}) ran the tool, so the tool ran twice. The other worker's record is kept.",
+                tool_name=spec.name,
+                key=key,
+                owner=owner,
+            )
+    if executed and host.wanted(_EXECUTED):
         host.emit(
-            EventKind.DUPLICATE_DETECTED,
-            f"duplicate execution of {describe(spec.name, key)}: its claim was taken over by another worker while "
-            f"this one ({owner}) ran the tool, so the tool ran twice. The other worker's record is kept.",
+            _EXECUTED,
+            f"{describe(spec.name, key)} ran and its result is recorded",
             tool_name=spec.name,
             key=key,
-            owner=owner,
+            attempt=run.call.attempt,
+            duration=host.monotonic() - run.started,
         )
 
 

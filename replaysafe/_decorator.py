@@ -36,7 +36,7 @@ from ._identity import SignatureDigest, args_digest
 from ._keys import args_key, business_key, step_key
 from ._owners import owner_token
 from ._records import new_tuple
-from ._streaming import astream, stream
+from ._streaming import astream, begun_when_read, stream
 from .ledgers import Ledger
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -499,7 +499,7 @@ def replay_safe(
 
         @wrapt.decorator
         def protect_stream(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            planned = tool.plan(instance, args, kwargs, wrapped, begin)
+            planned = tool.plan(instance, args, kwargs, wrapped, begun_when_read)
             return wrapped(*args, **kwargs) if planned is None else stream(planned, wrapped, args, kwargs)
 
         return _marked(protect_stream(func), tool)

@@ -165,31 +165,31 @@ def _invoke(run: Run, driving: Driving) -> Any:
     assert wrapped is not None
     call, hard = run.call, driving.hard_deadline
     token = _current.set(call)
-    lease = _lease(run, driving, past_deadline=hard)
-    if lease is not None:
-        renewer.add(lease)  # renewed by the renewer thread, never by this one
-    try:
-        if hard and run.timeout is not None:
-            if not alarm_is_ours_to_use():
-                # The tool may outlive its deadline in the worker: its lease is kept until it ends.
-                kept, lease = lease, None
-                return run_in_worker(
-                    spec.name,
-                    run,
-                    wrapped,
-                    on_end=lambda: renewer.remove(kept),
-                    on_late=lambda done: _record_late(run, done, driving),
-                )
-            return run_with_alarm(spec.name, run, wrapped)
-        return wrapped(*call.args, **call.kwargs)
-    finally:
+    try:  # current_call() is reset last, whatever ends the run (an interrupt in the lease's handling too)
+        lease = _lease(run, driving, past_deadline=hard)
         if lease is not None:
-            renewer.remove(lease)
+            renewer.add(lease)  # renewed by the renewer thread, never by this one
         try:
+            if hard and run.timeout is not None:
+                if not alarm_is_ours_to_use():
+                    # The tool may outlive its deadline in the worker: its lease is kept until it ends.
+                    kept, lease = lease, None
+                    return run_in_worker(
+                        spec.name,
+                        run,
+                        wrapped,
+                        on_end=lambda: renewer.remove(kept),
+                        on_late=lambda done: _record_late(run, done, driving),
+                    )
+                return run_with_alarm(spec.name, run, wrapped)
+            return wrapped(*call.args, **call.kwargs)
+        finally:
+            if lease is not None:
+                renewer.remove(lease)
             if not hard:
                 report_late(spec, run)
-        finally:
-            _current.reset(token)
+    finally:
+        _current.reset(token)
 
 
 def _record_late(run: Run, done: concurrent.futures.Future[Any], driving: Driving) -> None:

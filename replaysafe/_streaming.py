@@ -17,10 +17,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, 
 from typing import Any, NamedTuple
 
 from ._context import _current
-from ._core import Replay, settle_error, settle_result
+from ._core import Effect, Phase, Replay, begin, settle_error, settle_result
 from ._deadlines import past, timeout_error
 from ._drivers import Driving, Planned, _lease, adrive, drive
 from ._leases import Lease
+from ._owners import owner_token
 from ._renewer import renewer, start_renewing
 
 # What ``_flow`` asks for, each with its value: call this (awaiting what it returns in async code)
@@ -117,6 +118,17 @@ async def _aleased(source: AsyncGenerator[Any, None], lease: Lease | None) -> As
 
 _SYNC = _Flavor(_leased, drive, "__next__", StopIteration, "close")
 _ASYNC = _Flavor(_aleased, adrive, "__anext__", StopAsyncIteration, "aclose")
+
+
+def begun_when_read(*planned: Any) -> Generator[Effect, Any, Any]:
+    """``begin`` for a sync stream, given ``begin``'s arguments: planned when the stream is made but
+    claimed when it is first read, under the owner token of the process that reads it then (a fork
+    may come in between, and a token of the parent would keep a child's dead claim alive for as
+    long as the parent lives), not the one taken when it was made (``begin``'s ``owner``, next to
+    last)."""
+    *before_owner, _made_by, host = planned
+    claim: Phase = begin
+    return (yield from claim(*before_owner, owner_token(), host))
 
 
 def stream(

@@ -377,3 +377,24 @@ def test_a_function_whose_first_parameter_is_self_keeps_wrapts_proxy() -> None:
         return order_id
 
     assert type(replay_safe(refund)) is not types.FunctionType
+
+
+def test_a_running_calls_key_cannot_be_reassigned(memory_ledger: MemoryLedger) -> None:
+    """``current_call().key`` is read-only, as on every ``CallInfo``: a tool cannot move where its
+    own record is written."""
+    refused: list[str] = []
+
+    @replay_safe(ledger=memory_ledger)
+    def refund_order(order_id: str) -> str:
+        try:
+            current_call().key = CallKey("other", "m", "c")  # type: ignore[misc]
+        except AttributeError as exc:
+            refused.append(str(exc))
+        return "ok"
+
+    key = CallKey(*ids())
+    with tool_call(*key):
+        assert refund_order("1") == "ok"
+    assert len(refused) == 1
+    record = memory_ledger.get(key)
+    assert record is not None and record.status.value == "completed"

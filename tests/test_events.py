@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -97,3 +99,27 @@ def test_logs_carry_ids_never_arguments_or_results(
     assert mismatch.replaysafe_thread_id == "t-logs"  # type: ignore[attr-defined]
     assert mismatch.replaysafe_tool_name == "charge"  # type: ignore[attr-defined]
     assert len(mismatch.replaysafe_args_digest) == 64  # type: ignore[attr-defined]
+
+
+def test_executed_reaches_a_listener_that_subscribed_while_the_result_was_written() -> None:
+    """Whether anyone listens for ``executed`` is asked once the result is written, not before:
+    a listener subscribed meanwhile (here by the write itself) hears of it."""
+    seen: list[Event] = []
+    unsubscribe: list[Callable[[], None]] = []
+
+    class SubscribingLedger(MemoryLedger):
+        def complete(self, key: CallKey, **kwargs: Any) -> bool:
+            unsubscribe.append(on_event(seen.append))
+            return super().complete(key, **kwargs)
+
+    @replay_safe(ledger=SubscribingLedger())
+    def refund_order(order_id: str) -> str:
+        return "ok"
+
+    try:
+        with tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", "c"):
+            assert refund_order("1") == "ok"
+    finally:
+        for stop in unsubscribe:
+            stop()
+    assert [event.kind for event in seen] == [EventKind.EXECUTED]

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -280,3 +280,28 @@ def test_one_ledger_that_cannot_reset_in_a_child_does_not_stop_the_others() -> N
     seen = in_child(lambda: [ledger.reset for ledger in resetting])
     assert seen == [True] * len(resetting)
     assert broken is not None  # kept alive (registered weakly) until the child has forked
+
+
+def test_a_stream_made_before_a_fork_is_claimed_by_the_process_that_reads_it(memory_ledger: Ledger) -> None:
+    """A sync stream is planned when it is made and claimed when it is first read: made in the
+    parent and read in a forked child, its claim is the child's, so that the child's death shows
+    (a claim under the parent's token would look alive for as long as the parent runs)."""
+    key = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+
+    @replay_safe(ledger=memory_ledger)
+    def lines() -> Iterator[str]:
+        yield "a"
+        yield "b"
+
+    with tool_call(*key):
+        chunks = lines()
+
+    def read() -> dict[str, Any]:
+        assert list(chunks) == ["a", "b"]
+        record = memory_ledger.get(key)
+        assert record is not None and record.status is Status.COMPLETED
+        return {"owner": record.owner, "pid": os.getpid()}
+
+    seen = in_child(read)
+    assert seen["owner"].split(":")[1] == str(seen["pid"])
+    assert seen["pid"] != os.getpid()

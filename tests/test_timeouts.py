@@ -635,3 +635,33 @@ async def test_the_default_timeout_is_kept_by_an_async_tools_lease(
     assert started + dt.timedelta(seconds=0.35) <= lease <= started + dt.timedelta(seconds=0.55)
     started, lease = seen["none"]
     assert lease >= started + dt.timedelta(seconds=1.5)
+
+
+def test_an_interrupt_while_the_lease_is_handed_over_leaves_no_call_current(
+    memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that lands while a tool's lease is handed to the renewer (injected there) reaches
+    the caller, and ``current_call()`` is reset all the same: the next protected call is a call of
+    its own, under its own ids, not a step of the interrupted one."""
+    from replaysafe import current_call_or_none
+
+    handed = _drivers.renewer.add
+
+    def interrupted_once(lease: Any) -> None:
+        monkeypatch.setattr(_drivers.renewer, "add", handed)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_drivers.renewer, "add", interrupted_once)
+
+    @replay_safe(ledger=memory_ledger, timeout=5)  # a hard deadline: a lease to renew
+    def refund_order(order_id: str) -> str:
+        return "ok"
+
+    first, second = CallKey(f"t-{uuid.uuid4().hex[:8]}", "m1", "c1"), CallKey(f"t-{uuid.uuid4().hex[:8]}", "m2", "c2")
+    with tool_call(*first), pytest.raises(KeyboardInterrupt):
+        refund_order("1")
+    assert current_call_or_none() is None
+    with tool_call(*second):
+        assert refund_order("2") == "ok"
+    record = memory_ledger.get(second)
+    assert record is not None and record.status is Status.COMPLETED
