@@ -32,16 +32,18 @@ class FaultyProxy:
     then every request is dropped (``drop_requests``) until ``mode`` is set back.
     ``fail_scripts`` (set by ``fail_scripts()``): script calls (``EVALSHA``: claims and
     finishing writes, not a connection's handshake) first lose their replies (they ran), then
-    are lost themselves (they did not), then are refused with the server's own ACL error, as
+    are lost themselves (they did not), then are answered that the script is not loaded (as by
+    a restarted or failed-over server), then are refused with the server's own ACL error, as
     after a permission revoked meanwhile; other commands pass.
     """
 
     DENIED = b"-NOPERM User default has no permissions to run the 'evalsha' command\r\n"
+    NOSCRIPT = b"-NOSCRIPT No matching script. Please use EVAL.\r\n"
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
         self.mode = "forward"
-        self._replies_to_drop = self._requests_to_drop = 0
+        self._replies_to_drop = self._requests_to_drop = self._noscripts = 0
         self._script_sent = False
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -61,11 +63,13 @@ class FaultyProxy:
             threading.Thread(target=self._pump, args=(client, server, "request"), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, "reply"), daemon=True).start()
 
-    def fail_scripts(self, *, replies: int = 0, requests: int = 0) -> None:
+    def fail_scripts(self, *, replies: int = 0, requests: int = 0, noscripts: int = 0) -> None:
         """The next ``replies`` script calls run but lose their replies, the ``requests`` after them
-        are lost, and every one after those is refused (until ``mode`` is set back)."""
+        are lost, the ``noscripts`` after those are answered NOSCRIPT, and every one after those is
+        refused (until ``mode`` is set back)."""
         with self._lock:
             self._replies_to_drop, self._requests_to_drop, self._script_sent = replies, requests, False
+            self._noscripts = noscripts
             self.mode = "fail_scripts"
 
     def _lose(self, direction: str, data: bytes) -> bool:
@@ -88,18 +92,26 @@ class FaultyProxy:
                 return True
             return direction == "request" and self.mode == "drop_requests"
 
-    def _denied(self, direction: str, data: bytes) -> bool:
+    def _answer(self, direction: str, data: bytes) -> bytes | None:
+        """The proxy's own reply to a script call it keeps from the server, if any."""
+        if direction != "request" or b"EVALSHA" not in data.upper():
+            return None
         with self._lock:
-            refusing = self.mode == "fail_scripts" and not (self._replies_to_drop or self._requests_to_drop)
-        return refusing and direction == "request" and b"EVALSHA" in data.upper()
+            if self.mode != "fail_scripts" or self._replies_to_drop or self._requests_to_drop:
+                return None
+            if self._noscripts:
+                self._noscripts -= 1
+                return self.NOSCRIPT
+            return self.DENIED
 
     def _pump(self, source: socket.socket, sink: socket.socket, direction: str) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
                 if self._lose(direction, data):
                     break  # lost in transit: the connection dies with it
-                if self._denied(direction, data):
-                    source.sendall(self.DENIED)  # answered by the proxy: the server never sees it
+                answer = self._answer(direction, data)
+                if answer is not None:
+                    source.sendall(answer)  # answered by the proxy: the server never sees it
                     continue
                 sink.sendall(data)
         for end in (source, sink):
@@ -218,25 +230,27 @@ def test_a_failed_finishing_write_is_kept_and_written_later(
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize(
-    ("attempts", "lost"),
-    [(3, 1), (1, 0)],
-    ids=["the-ledgers-retry", "the-clients-own-retry"],
+    ("attempts", "lost", "noscripts"),
+    [(3, 1, 0), (1, 0, 0), (1, 0, 1)],
+    ids=["the-ledgers-retry", "the-clients-own-retry", "the-clients-own-retry-then-a-script-reload"],
 )
 def test_a_claim_whose_reply_was_lost_is_released_when_its_retry_then_fails_for_good(
-    proxied: tuple[RedisLedger, RedisLedger, FaultyProxy], asynchronous: bool, attempts: int, lost: int
+    proxied: tuple[RedisLedger, RedisLedger, FaultyProxy], asynchronous: bool, attempts: int, lost: int, noscripts: int
 ) -> None:
     """A first try that failed transiently may have landed, whatever the retry's error says after
     it: before, a retry refused for good (here an ACL error) left the landed claim running under
     its live owner until the lease ran out, because only the last error was looked at. The claim
     runs and its reply is lost; then either redis-py's own immediate retry is lost too (a
     transient failure of the ledger's attempt) and the ledger's retry is refused, or, with one
-    ledger attempt, redis-py's immediate retry is refused, inside that attempt."""
+    ledger attempt, redis-py's immediate retry is refused, inside that attempt; or that retry finds
+    the script not loaded (a failed-over server), and the ledger's own send after reloading it is
+    refused."""
     faulty, direct, proxy = proxied
     faulty.retry = RetryPolicy(attempts=attempts)
     key, runs = CallKey(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1"), []
 
     call = invite(faulty, key, runs, asynchronous=asynchronous)
-    proxy.fail_scripts(replies=1, requests=lost)
+    proxy.fail_scripts(replies=1, requests=lost, noscripts=noscripts)
     with pytest.raises(LedgerError) as raised:
         call()
     assert raised.value.permanent and "NoPermissionError" in str(raised.value)  # the retry's error

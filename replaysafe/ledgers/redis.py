@@ -20,6 +20,7 @@ client, each with one small runner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -534,6 +535,19 @@ class _Failures:
             final.__cause__ = self.first
 
 
+@contextlib.contextmanager
+def _after_reload(missing: redis.exceptions.NoScriptError) -> Iterator[None]:
+    """An operation sent again once its scripts are reloaded: an error it raises then is raised from
+    what ``missing`` was (``_Failures``): a connection dropped before it, while the first try may
+    have run. Otherwise that first try's landing would be forgotten across the reload."""
+    try:
+        yield
+    except BaseException as exc:
+        if exc.__cause__ is None and missing.__cause__ is not None:
+            exc.__cause__ = missing.__cause__
+        raise
+
+
 def _exchange(conn: Any, command: Sequence[Any]) -> Any:
     conn.send_packed_command(_packed(command, conn.encoder))
     return conn.read_response()
@@ -1023,9 +1037,10 @@ class RedisLedger(StoredLedger):
         commands = self._commands
         try:
             return op.parse(op.send(commands))
-        except redis.exceptions.NoScriptError:  # a new, restarted or failed-over server: load, then again
+        except redis.exceptions.NoScriptError as missing:  # a new, restarted or failed-over server: load, then again
             _load_scripts(commands)
-            return op.parse(op.send(commands))
+            with _after_reload(missing):
+                return op.parse(op.send(commands))
 
     @property
     def aio(self) -> AsyncLedger:
@@ -1131,9 +1146,10 @@ class _AsyncRedisLedger(AsyncStoredLedger):
             await client.initialize()
         try:
             return op.parse(await op.send(client))
-        except redis.exceptions.NoScriptError:
+        except redis.exceptions.NoScriptError as missing:
             await asyncio.gather(*_load_scripts(client))
-            return op.parse(await op.send(client))
+            with _after_reload(missing):
+                return op.parse(await op.send(client))
 
     def _forget_parent_connections(self) -> None:
         self._ledger._orphans += self._clients.values()
