@@ -304,7 +304,7 @@ def _overhead_table(results: dict[str, Any]) -> list[str]:
             f"result ({_spread(reference)} us) timed in the same round. Per round. *straight* (context, not a "
             "product): the same common path written straight, in one function with the library's own pieces "
             "(benchmarks/_straight.py): the decisions, the plan's included, without the protocol's shape "
-            "(the plan tuple, generator, drivers).",
+            "(the protocol generator, drivers, effect tuples).",
             "",
             "| subject | library CPU us | / JSON round trip |",
             "|---|---|---|",

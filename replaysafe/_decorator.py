@@ -166,8 +166,9 @@ class _Tool:
         wrapped: Callable[..., Any],
         phase: Phase = replay,
     ) -> Planned | None:
-        """A protected call's protocol (``phase``: ``replay``, or ``begin`` for a stream), ready to drive:
-        its ledger, scope, argument digest and timeout decided. ``None`` to run the call plainly."""
+        """A protected call's protocol (``phase``: ``replay``; for a stream ``begin``, or ``begun_when_read``
+        for a sync one), ready to drive: its ledger, scope, argument digest and timeout decided.
+        ``None`` to run the call plainly."""
         if _config.disabled:
             _warn_disabled(self.spec.name)
             return None
