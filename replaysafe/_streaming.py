@@ -134,7 +134,8 @@ def begun_when_read(*planned: Any) -> Generator[Effect, Any, Any]:
 def stream(
     planned: Planned, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Iterator[Any]:
-    """Yield a streaming tool's chunks as they come (``planned``: its ``begin``); record them all when it ends."""
+    """Yield a streaming tool's chunks as they come (``planned``: its ``begun_when_read``); record them all
+    when it ends."""
     return _iterate(_flow(planned, wrapped, args, kwargs, _SYNC))
 
 

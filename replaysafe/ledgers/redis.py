@@ -531,8 +531,14 @@ class _Failures:
         return self.conn.disconnect()
 
     def chain(self, final: BaseException) -> None:
-        if self.first is not None and self.first is not final and final.__cause__ is None:
-            final.__cause__ = self.first
+        _raised_from(final, self.first)
+
+
+def _raised_from(final: BaseException, first: BaseException | None) -> None:
+    """Mark ``final`` as raised from ``first`` (what ``ledger_error`` reads), unless it has a cause
+    of its own or is ``first`` itself."""
+    if first is not None and first is not final and final.__cause__ is None:
+        final.__cause__ = first
 
 
 @contextlib.contextmanager
@@ -543,8 +549,7 @@ def _after_reload(missing: redis.exceptions.NoScriptError) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        if exc.__cause__ is None and missing.__cause__ is not None:
-            exc.__cause__ = missing.__cause__
+        _raised_from(exc, missing.__cause__)
         raise
 
 
