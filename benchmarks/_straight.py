@@ -32,7 +32,7 @@ from replaysafe._core import _COMPLETED as COMPLETED
 from replaysafe._core import _EXECUTED as EXECUTED
 from replaysafe._core import _REPLAY as REPLAY
 from replaysafe._core import _REPLAYED as REPLAYED
-from replaysafe._core import ToolSpec, judge, seconds
+from replaysafe._core import ToolSpec, judge, lease_length, seconds
 from replaysafe._core import _unstorable as unstorable
 from replaysafe._events import wanted
 from replaysafe._identity import SignatureDigest
@@ -77,7 +77,7 @@ def straight(ledger: MemoryLedger, body: Callable[[str], Any], name: str) -> Cal
         if getattr(chosen, "sealer", None) is not None or _metrics.observers is not None:
             raise NotImplementedError("off the common path")
         # The claim, and what it found.
-        lease = spec.lease_for(timeout)
+        lease = lease_length(spec.lease, timeout)
         owner = owner_token()
         now = utcnow()
         found = ledger.claim(

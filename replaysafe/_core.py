@@ -104,13 +104,20 @@ class ToolSpec:
             self._reviver = reviver_for(_replayed_type(self))
         return self._reviver(value) if self._reviver is not None else value
 
-    def lease_for(self, timeout: float | None) -> timedelta:
-        """A claim outlives the tool's deadline, so a slow owner is not taken over early."""
-        if self.lease is not None:
-            return seconds(self.lease)
-        if timeout:
-            return seconds(timeout + _constants.LEASE_MARGIN)
-        return seconds(_constants.LEASE)
+
+@functools.lru_cache(maxsize=256)
+def lease_length(lease: float | None, timeout: float | None) -> timedelta:
+    """How long a claim is owned: ``lease`` (a tool's ``ToolSpec.lease``) if set, else past the
+    call's timeout by the lease margin, so a slow owner is not taken over early.
+
+    Cached on its arguments (a few settings per process): on the hot path this is a call into
+    the C cache, with no Python frame.
+    """
+    if lease is not None:
+        return timedelta(seconds=lease)
+    if timeout:
+        return timedelta(seconds=timeout + _constants.LEASE_MARGIN)
+    return timedelta(seconds=_constants.LEASE)
 
 
 @functools.lru_cache(maxsize=256)
@@ -452,7 +459,7 @@ def _protocol(
 ) -> Protocol:
     """``begin`` (``whole`` false: returns the decision), or ``replay`` (``whole``: returns the result)."""
     key = scope.key
-    lease = spec.lease_for(timeout)
+    lease = lease_length(spec.lease, timeout)
     decision: Replay | Run
     deadline: float | None = None
     backoff = _constants.WAIT_BACKOFF_FIRST
@@ -702,7 +709,7 @@ def _unprotected(
         level=30,  # WARNING: the call goes on
     )
     call = RunningCall.of(scope, spec.name, 1, args, kwargs)
-    return Run(call, None, timeout, host, host.monotonic(), spec.lease_for(timeout))
+    return Run(call, None, timeout, host, host.monotonic(), lease_length(spec.lease, timeout))
 
 
 # --- phase 2: record ------------------------------------------------------------------
