@@ -875,28 +875,43 @@ def _finish(
             tool_name=spec.name,
             key=key,
         )
+        if executed and host.wanted(_EXECUTED):
+            _report_executed(spec, run, recorded=False)
         if fail_closed and spec.on_ledger_error == "raise":
             exc.result = result
             raise
-    else:
-        if not recorded:
-            host.emit(
-                EventKind.DUPLICATE_DETECTED,
-                f"duplicate execution of {describe(spec.name, key)}: its claim was taken over by another worker "
-                f"while this one ({owner}) ran the tool, so the tool ran twice. The other worker's record is kept.",
-                tool_name=spec.name,
-                key=key,
-                owner=owner,
-            )
-    if executed and host.wanted(_EXECUTED):
+        return
+    if not recorded:
         host.emit(
-            _EXECUTED,
-            f"{describe(spec.name, key)} ran and its result is recorded",
+            EventKind.DUPLICATE_DETECTED,
+            f"duplicate execution of {describe(spec.name, key)}: its claim was taken over by another worker "
+            f"while this one ({owner}) ran the tool, so the tool ran twice. The other worker's record is kept.",
             tool_name=spec.name,
             key=key,
-            attempt=run.call.attempt,
-            duration=host.monotonic() - run.started,
+            owner=owner,
         )
+    if executed and host.wanted(_EXECUTED):  # asked after the write: a listener may subscribe meanwhile
+        _report_executed(spec, run, recorded=bool(recorded))
+
+
+def _report_executed(spec: ToolSpec, run: Run, *, recorded: bool) -> None:
+    """The ``executed`` event: the tool ran, and whether its result is recorded (a write that
+    failed, or a claim another worker took over meanwhile, left it unrecorded)."""
+    key, host = run.call.key, run.host
+    if recorded:
+        outcome = "its result is recorded"
+    else:
+        # The event before this one says why, and whether the write is tried again in the background.
+        outcome = "its result is not recorded (the ledger_error or duplicate_detected event before this says why)"
+    host.emit(
+        _EXECUTED,
+        f"{describe(spec.name, key)} ran; {outcome}",
+        tool_name=spec.name,
+        key=key,
+        attempt=run.call.attempt,
+        duration=host.monotonic() - run.started,
+        recorded=recorded,
+    )
 
 
 # --- settling a call by hand -----------------------------------------------------------

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import sqlite3
 import uuid
 from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,13 +17,17 @@ from replaysafe import (
     CallKey,
     Event,
     EventKind,
+    LedgerError,
     MemoryLedger,
     ReplayMismatchError,
+    SqliteLedger,
     UnprotectedCallWarning,
+    current_call,
     on_event,
     replay_safe,
     tool_call,
 )
+from replaysafe.ledgers import RetryPolicy
 
 
 def test_executed_replayed_mismatch_unprotected(memory_ledger: MemoryLedger, events: list[Event]) -> None:
@@ -123,3 +131,79 @@ def test_executed_reaches_a_listener_that_subscribed_while_the_result_was_writte
         for stop in unsubscribe:
             stop()
     assert [event.kind for event in seen] == [EventKind.EXECUTED]
+
+
+def _drop_the_table(ledger: SqliteLedger) -> None:
+    """The store loses its table (a real failure of the next write: SQLite's own error)."""
+    with closing(sqlite3.connect(ledger.path)) as connection, connection:
+        connection.execute("DROP TABLE tool_executions")
+
+
+def _taken_over_meanwhile(ledger: SqliteLedger) -> None:
+    """An operator clears the running call and another worker claims it: this run's write is fenced off."""
+    key = current_call().key
+    assert ledger.delete(key)
+    now = dt.datetime.now(dt.timezone.utc)
+    claimed = ledger.claim(
+        key, tool_name="refund_order", args_digest="other", owner="other-host:1:1#1", now=now, lease_expires_at=now
+    )
+    assert claimed.claimed
+
+
+@pytest.mark.parametrize(
+    ("meanwhile", "first", "recorded"),
+    [
+        (None, None, True),
+        (_drop_the_table, EventKind.LEDGER_ERROR, False),
+        (_taken_over_meanwhile, EventKind.DUPLICATE_DETECTED, False),
+    ],
+    ids=["written", "the-write-failed", "taken-over"],
+)
+def test_executed_says_whether_the_result_was_recorded(
+    tmp_path: Path,
+    events: list[Event],
+    caplog: pytest.LogCaptureFixture,
+    meanwhile: Callable[[SqliteLedger], None] | None,
+    first: EventKind | None,
+    recorded: bool,
+) -> None:
+    """``executed`` is emitted whenever the tool ran (so it counts runs), and says whether its result
+    is recorded: not when the write failed or the call was taken over while it ran, after the event
+    that says why."""
+    ledger = SqliteLedger(tmp_path / "l.db", retry=RetryPolicy(attempts=1))
+
+    @replay_safe(ledger=ledger)
+    def refund_order(order_id: str) -> str:
+        if meanwhile is not None:
+            meanwhile(ledger)
+        return "refunded"
+
+    with caplog.at_level(logging.DEBUG, logger="replaysafe"), tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", "c"):
+        assert refund_order("1") == "refunded"
+    assert [event.kind for event in events] == [kind for kind in (first, EventKind.EXECUTED) if kind is not None]
+    executed = events[-1]
+    assert executed.recorded is recorded
+    assert executed.duration is not None
+    assert ("not recorded" in executed.message) is not recorded
+    assert "refund_order" in executed.message and executed.key is not None
+    assert executed.key.thread_id in executed.message
+    (logged,) = [r for r in caplog.records if getattr(r, "replaysafe_event", None) == "executed"]
+    assert logged.replaysafe_recorded is recorded  # type: ignore[attr-defined]
+
+
+def test_executed_is_emitted_before_a_fail_closed_write_error(tmp_path: Path, events: list[Event]) -> None:
+    """Fail-closed, a failed write raises; the tool ran all the same, and ``executed`` says so first."""
+    ledger = SqliteLedger(tmp_path / "l.db", retry=RetryPolicy(attempts=1))
+
+    @replay_safe(ledger=ledger, on_ledger_error="raise")
+    def refund_order(order_id: str) -> str:
+        _drop_the_table(ledger)
+        return "refunded"
+
+    with tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", "c"), pytest.raises(LedgerError) as raised:
+        refund_order("1")
+    assert raised.value.result == "refunded"
+    assert [(event.kind, event.recorded) for event in events] == [
+        (EventKind.LEDGER_ERROR, None),
+        (EventKind.EXECUTED, False),
+    ]
