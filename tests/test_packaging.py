@@ -70,10 +70,11 @@ def wheels(dist: Path) -> Iterator[tuple[Path, dict[str, str | list[str]]]]:
         with zipfile.ZipFile(wheel) as archive:
             name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
             message = email.parser.Parser().parsestr(archive.read(name).decode())
-            tops = sorted(
-                {n.split("/")[0] for n in archive.namelist() if n.count("/") == 1 and n.endswith("/__init__.py")}
-            )
-        yield wheel, {"name": message["Name"], "requires": message.get_all("Requires-Dist") or [], "packages": tops}
+            names = archive.namelist()
+            tops = sorted({n.split("/")[0] for n in names if n.count("/") == 1 and n.endswith("/__init__.py")})
+            modules = sorted(n for n in names if "/" not in n and n.endswith(".py"))
+        requires = message.get_all("Requires-Dist") or []
+        yield wheel, {"name": message["Name"], "requires": requires, "packages": tops, "modules": modules}
 
 
 def test_every_project_builds_an_sdist_and_a_wheel_under_its_distribution_name(dist: Path) -> None:
@@ -85,7 +86,9 @@ def test_every_project_builds_an_sdist_and_a_wheel_under_its_distribution_name(d
     sdists = sorted(path.name for path in dist.glob("*.tar.gz"))
     assert len(sdists) == len(names), sdists
     for name, meta in built.items():
-        assert meta["packages"], f"{name}'s wheel holds no package"
+        # One top-level import package per distribution, and no loose top-level module beside it.
+        assert len(meta["packages"]) == 1, f"{name}'s wheel holds the import packages {meta['packages']}, not one"
+        assert not meta["modules"], f"{name}'s wheel holds top-level modules {meta['modules']}"
         if name != "replaysafe-tools":  # each adapter depends on the library by its distribution name
             assert any(str(r).startswith("replaysafe-tools") for r in meta["requires"]), (name, meta["requires"])
         assert not any(str(r).split("[")[0].strip() == "replaysafe" for r in meta["requires"]), (name, meta)

@@ -17,9 +17,9 @@ from typing import Any, cast
 
 from anthropic.types import Message
 
-import replaysafe_anthropic
-import replaysafe_openai
 from replaysafe import SqliteLedger
+from replaysafe_sdk_loops import anthropic as anthropic_loop
+from replaysafe_sdk_loops import openai as openai_loop
 
 from loops_scenario import LEASE, THREAD, Sdk, Variant, build_tools, load
 
@@ -35,22 +35,20 @@ def main() -> None:
         results: list[Any]
         if isinstance(model_output, Message):
             if asynchronous:
-                coroutine = replaysafe_anthropic.arun_tool_calls(
+                coroutine = anthropic_loop.arun_tool_calls(
                     model_output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE
                 )
                 results = asyncio.run(coroutine)
             else:
-                results = replaysafe_anthropic.run_tool_calls(
+                results = anthropic_loop.run_tool_calls(
                     model_output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE
                 )
         elif asynchronous:
             results = asyncio.run(
-                replaysafe_openai.arun_tool_calls(model_output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE)
+                openai_loop.arun_tool_calls(model_output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE)
             )
         else:
-            results = replaysafe_openai.run_tool_calls(
-                model_output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE
-            )
+            results = openai_loop.run_tool_calls(model_output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE)
     print(json.dumps(results))
 
 

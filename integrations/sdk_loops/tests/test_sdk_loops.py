@@ -15,9 +15,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from openai.types.responses import Response, ResponseInputItemParam
 from pydantic import TypeAdapter
 
-import replaysafe_anthropic
-import replaysafe_openai
 from replaysafe import CallKey, InvalidCallIdError, SqliteLedger, Status
+from replaysafe_sdk_loops import anthropic as anthropic_loop
+from replaysafe_sdk_loops import openai as openai_loop
 
 from loops_scenario import (
     LEASE,
@@ -74,8 +74,8 @@ def run_child(*args: str | Path) -> subprocess.CompletedProcess[str]:
 def run_tool_calls(sdk: Sdk, turn: int, tools: dict[str, Any], ledger: SqliteLedger) -> list[Any]:
     output = model_output(sdk, turn)
     if isinstance(output, Message):
-        return list(replaysafe_anthropic.run_tool_calls(output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE))
-    return list(replaysafe_openai.run_tool_calls(output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE))
+        return list(anthropic_loop.run_tool_calls(output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE))
+    return list(openai_loop.run_tool_calls(output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE))
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
@@ -139,11 +139,9 @@ async def test_arun_tool_calls_awaits_async_tools_and_replays_them(
     output = model_output(sdk, 1)
     for _ in range(2):
         if isinstance(output, Message):
-            results: list[Any] = await replaysafe_anthropic.arun_tool_calls(
-                output, tools, thread_id=THREAD, ledger=ledger
-            )
+            results: list[Any] = await anthropic_loop.arun_tool_calls(output, tools, thread_id=THREAD, ledger=ledger)
         else:
-            results = await replaysafe_openai.arun_tool_calls(output, tools, thread_id=THREAD, ledger=ledger)
+            results = await openai_loop.arun_tool_calls(output, tools, thread_id=THREAD, ledger=ledger)
         assert results == RESULTS[sdk]
     assert effects(effects_path) == [REFUND, EMAIL]
 
@@ -190,8 +188,8 @@ def output_with_call_ids(sdk: Sdk, first: str, second: str) -> ChatCompletion | 
 
 def run_output(output: ChatCompletion | Response | Message, tools: dict[str, Any], ledger: SqliteLedger) -> list[Any]:
     if isinstance(output, Message):
-        return list(replaysafe_anthropic.run_tool_calls(output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE))
-    return list(replaysafe_openai.run_tool_calls(output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE))
+        return list(anthropic_loop.run_tool_calls(output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE))
+    return list(openai_loop.run_tool_calls(output, tools, thread_id=THREAD, ledger=ledger, lease=LEASE))
 
 
 @pytest.mark.parametrize("sdk", SDKS)

@@ -22,10 +22,10 @@ from typing import Any, Literal
 import pytest
 from anthropic.types import Message
 
-import replaysafe_anthropic
-import replaysafe_openai
 from replaysafe import CallKey, SqliteLedger, Status, replay_safe
 from replaysafe.testing import kill_point, run_in_child
+from replaysafe_sdk_loops import anthropic as anthropic_loop
+from replaysafe_sdk_loops import openai as openai_loop
 
 from loops_scenario import Sdk, load
 
@@ -166,7 +166,7 @@ def agent_step(
     response = load(sdk, conversation[-1]["response"])
     tools = {"refund_order": refund_tool(effects, variant, flavour, key)}
     options = {} if variant == "decorated" else {"key": key}  # the helper's @replay_safe options
-    helpers: ModuleType = replaysafe_anthropic if isinstance(response, Message) else replaysafe_openai
+    helpers: ModuleType = anthropic_loop if isinstance(response, Message) else openai_loop
     with SqliteLedger(ledger_path) as ledger:
         if flavour == "async":
             coroutine = helpers.arun_tool_calls(response, tools, thread_id=THREAD, ledger=ledger, **options)

@@ -19,8 +19,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionToolMessageParam
 from openai.types.responses import Response, ResponseFunctionToolCall
 from openai.types.responses.response_input_param import FunctionCallOutput
 
-from _replaysafe_loops import Call, as_text, parse_arguments, runner
 from replaysafe import CallKey, Ledger
+
+from ._loops import Call, as_text, parse_arguments, runner
 
 __all__ = ["Call", "arun_tool_calls", "run_tool_calls", "tool_calls"]
 

@@ -1,4 +1,4 @@
-"""What ``replaysafe_openai`` and ``replaysafe_anthropic`` share; imports neither SDK."""
+"""What ``replaysafe_sdk_loops.openai`` and ``replaysafe_sdk_loops.anthropic`` share; imports neither SDK."""
 
 from __future__ import annotations
 

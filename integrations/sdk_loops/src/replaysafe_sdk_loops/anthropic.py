@@ -13,8 +13,9 @@ from typing import Any
 
 from anthropic.types import Message, ToolResultBlockParam, ToolUseBlock, UserMessageParam
 
-from _replaysafe_loops import Call, as_text, runner
 from replaysafe import CallKey, Ledger
+
+from ._loops import Call, as_text, runner
 
 __all__ = ["Call", "arun_tool_calls", "run_tool_calls", "tool_calls"]
 
