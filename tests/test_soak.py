@@ -39,7 +39,7 @@ STALL_LIMIT = 120.0
 DEADLINE = 600 + CALLS * 0.03
 
 
-@pytest.fixture(params=["postgres", "redis"])
+@pytest.fixture(params=["sqlite", "postgres", "redis"])
 def soak_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(f"{request.param}_url"))
 
