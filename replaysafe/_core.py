@@ -110,8 +110,11 @@ def lease_length(lease: float | None, timeout: float | None) -> timedelta:
     """How long a claim is owned: ``lease`` (a tool's ``ToolSpec.lease``) if set, else past the
     call's timeout by the lease margin, so a slow owner is not taken over early.
 
-    Cached on its arguments (a few settings per process): on the hot path this is a call into
-    the C cache, with no Python frame.
+    Cached on its arguments: on the hot path this is a call into the C cache, with no Python
+    frame. Inside a ``node`` whose time left sets the timeout, the key differs on every call and
+    misses (a ``timedelta`` built, as without the cache; bounded at 256 entries). Not worth a
+    test on every call to spare that rare path. ``_constants.LEASE`` and ``LEASE_MARGIN`` are
+    read once per key: they are fixed for the process.
     """
     if lease is not None:
         return timedelta(seconds=lease)
@@ -671,10 +674,11 @@ def _reconcile(spec: ToolSpec, reconciler: Reconciler, owned: Run, in_doubt: int
         )
         yield from _finish(spec, owned, Status.IN_DOUBT, None, fail_closed=False)
         raise
-    yield from _finish(spec, owned, Status.COMPLETED, encoded, fail_closed=True, result=answer)
+    recorded = yield from _finish(spec, owned, Status.COMPLETED, encoded, fail_closed=True, result=answer)
+    outcome = "which is now recorded" if recorded else "which could not be recorded (see its earlier event)"
     owned.host.emit(
         EventKind.RECONCILED,
-        f"{describe(spec.name, call.key)} was in doubt; the reconciler found its result, which is now recorded",
+        f"{describe(spec.name, call.key)} was in doubt; the reconciler found its result, {outcome}",
         tool_name=spec.name,
         key=call.key,
         attempt=call.attempt,
@@ -730,7 +734,7 @@ def _unstorable(encoded: object) -> str | None:
     return None
 
 
-def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, Any, None]:
+def settle_result(spec: ToolSpec, run: Run, result: Any) -> Generator[Effect, Any, bool | None]:
     """Record the value the tool returned: the protocol that does it.
 
     A plain function returning the generator to drive (not a generator itself): the common
@@ -770,7 +774,6 @@ def _record_unrecordable(spec: ToolSpec, run: Run, result: Any, marker: str, why
     """The tool ran, but its result cannot be recorded: record it as finished, without its result,
     so that it never runs again."""
     key = run.call.key
-    yield from _finish(spec, run, Status.COMPLETED, marker, fail_closed=True, result=result)
     idempotency_key = call_idempotency_key(*key, spec.name)
     message = (
         f"{describe(spec.name, key)} ran, but its result (a {_unrecorded.type_name(result)}) cannot be "
@@ -779,7 +782,12 @@ def _record_unrecordable(spec: ToolSpec, run: Run, result: Any, marker: str, why
         f"{_resolve_command(key)} --result '<json>'. Return JSON-able data of "
         "a bounded size, raise max_result_bytes, or pass a serializer=."
     )
+    # Said before the write, as every reason for an unrecorded result is said before ``executed``
+    # (a write that fails then adds its own ledger_error).
     run.host.emit(EventKind.LEDGER_ERROR, message, tool_name=spec.name, key=key, attempt=run.call.attempt)
+    yield from _finish(
+        spec, run, Status.COMPLETED, marker, fail_closed=True, result=result, executed=True, result_in_record=False
+    )
     if spec.on_ledger_error == "raise":
         raise ResultEncodingError(message, tool_name=spec.name, key=key, idempotency_key=idempotency_key, result=result)
 
@@ -857,9 +865,12 @@ def _finish(
     fail_closed: bool,
     result: Any = None,
     executed: bool = False,
-) -> Generator[Effect, Any, None]:
-    """Write how the call ended; a write that fails is logged (or raised, fail-closed). ``executed``:
-    the tool's result, reported as recorded once the write is done (when anyone listens then)."""
+    result_in_record: bool = True,
+) -> Generator[Effect, Any, bool]:
+    """Write how the call ended; a write that fails is logged (or raised, fail-closed). Returns
+    whether the record was written. ``executed``: the tool returned, which the ``executed`` event
+    reports once the write is done (when anyone listens then), with whether its result is now
+    recorded (never when ``result_in_record`` is false: the record holds a marker instead)."""
     key, owner, host = run.call.key, run.owner, run.host
     assert owner is not None
     # A finished record is sealed even without a result: on read, an unsealed one is a forgery.
@@ -880,7 +891,7 @@ def _finish(
         if fail_closed and spec.on_ledger_error == "raise":
             exc.result = result
             raise
-        return
+        return False
     if not recorded:
         host.emit(
             EventKind.DUPLICATE_DETECTED,
@@ -891,17 +902,19 @@ def _finish(
             owner=owner,
         )
     if executed and host.wanted(_EXECUTED):  # asked after the write: a listener may subscribe meanwhile
-        _report_executed(spec, run, recorded=bool(recorded))
+        _report_executed(spec, run, recorded=bool(recorded) and result_in_record)
+    return bool(recorded)
 
 
 def _report_executed(spec: ToolSpec, run: Run, *, recorded: bool) -> None:
-    """The ``executed`` event: the tool ran, and whether its result is recorded (a write that
-    failed, or a claim another worker took over meanwhile, left it unrecorded)."""
+    """The ``executed`` event: the tool returned, and whether its result is recorded (not when
+    the write failed, another worker took the call over meanwhile, or the result could not be
+    stored)."""
     key, host = run.call.key, run.host
     if recorded:
         outcome = "its result is recorded"
     else:
-        # The event before this one says why, and whether the write is tried again in the background.
+        # That event says why, and whether a failed write is tried again in the background.
         outcome = "its result is not recorded (the ledger_error or duplicate_detected event before this says why)"
     host.emit(
         _EXECUTED,

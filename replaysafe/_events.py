@@ -25,7 +25,7 @@ logger = logging.getLogger("replaysafe")
 class EventKind(str, enum.Enum):
     """What happened."""
 
-    EXECUTED = "executed"  # the tool ran (``Event.recorded``: whether its outcome was recorded)
+    EXECUTED = "executed"  # the tool returned (``Event.recorded``: whether its result was recorded)
     REPLAYED = "replayed"  # a recorded result was returned; the tool did not run
     IN_DOUBT = "in_doubt"  # the call's owner died or gave up mid-call
     RECONCILED = "reconciled"  # an in-doubt call was settled by a reconciler or by hand
@@ -59,9 +59,10 @@ class Event:
     #: The kind of ledger the call used (``memory``, ``sqlite``, ``postgres``, ``redis``, or a registered one).
     ledger: str | None = None
     at: datetime = dataclasses.field(default_factory=utcnow)
-    #: Whether the tool's outcome was recorded (``EXECUTED``): ``False`` when the write failed (one
-    #: that failed transiently is tried again in the background) or another worker had taken the
-    #: call over while it ran; the ``LEDGER_ERROR`` or ``DUPLICATE_DETECTED`` event before it says which.
+    #: Whether the tool's result was recorded (``EXECUTED``): ``False`` when the write failed, when
+    #: another worker had taken the call over while it ran, or when the result could not be stored;
+    #: the call's ``LEDGER_ERROR`` or ``DUPLICATE_DETECTED`` event says which. A write that failed
+    #: transiently is tried again in the background, so ``False`` may yet become recorded.
     recorded: bool | None = None
 
 

@@ -63,6 +63,8 @@ def instrument_opentelemetry(tracer_provider: Any = None, *, meter_provider: Any
             )
         if event.attempt is not None:
             attributes["replaysafe.attempt"] = event.attempt
+        if event.recorded is not None:
+            attributes["replaysafe.recorded"] = event.recorded
         span = tracer.start_span(
             f"replaysafe {event.kind.value} {event.tool_name}", start_time=start, attributes=attributes
         )

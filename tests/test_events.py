@@ -150,14 +150,19 @@ def _taken_over_meanwhile(ledger: SqliteLedger) -> None:
     assert claimed.claimed
 
 
+def _returns_too_much(ledger: SqliteLedger) -> None:
+    """Nothing happens meanwhile: the tool's result is over its max_result_bytes (set below)."""
+
+
 @pytest.mark.parametrize(
     ("meanwhile", "first", "recorded"),
     [
         (None, None, True),
         (_drop_the_table, EventKind.LEDGER_ERROR, False),
         (_taken_over_meanwhile, EventKind.DUPLICATE_DETECTED, False),
+        (_returns_too_much, EventKind.LEDGER_ERROR, False),
     ],
-    ids=["written", "the-write-failed", "taken-over"],
+    ids=["written", "the-write-failed", "taken-over", "too-large-to-store"],
 )
 def test_executed_says_whether_the_result_was_recorded(
     tmp_path: Path,
@@ -167,12 +172,13 @@ def test_executed_says_whether_the_result_was_recorded(
     first: EventKind | None,
     recorded: bool,
 ) -> None:
-    """``executed`` is emitted whenever the tool ran (so it counts runs), and says whether its result
-    is recorded: not when the write failed or the call was taken over while it ran, after the event
-    that says why."""
+    """``executed`` is emitted whenever the tool returned (so it counts runs), and says whether its
+    result is recorded: not when the write failed, the call was taken over while it ran, or the
+    result was too large to store, after the event that says why."""
     ledger = SqliteLedger(tmp_path / "l.db", retry=RetryPolicy(attempts=1))
+    limit = 4 if meanwhile is _returns_too_much else 1_000_000
 
-    @replay_safe(ledger=ledger)
+    @replay_safe(ledger=ledger, max_result_bytes=limit)
     def refund_order(order_id: str) -> str:
         if meanwhile is not None:
             meanwhile(ledger)

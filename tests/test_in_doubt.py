@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import sqlite3
 import subprocess
 import sys
 import time
 import uuid
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from replaysafe import (
     Event,
     EventKind,
     Ledger,
+    SqliteLedger,
     Status,
     current_call,
     on_event,
@@ -29,6 +32,7 @@ from replaysafe import (
     replay_safe,
     tool_call,
 )
+from replaysafe.ledgers import RetryPolicy
 
 CHILD = str(Path(__file__).with_name("child.py"))
 
@@ -165,6 +169,31 @@ def test_a_failing_reconciler_leaves_the_call_in_doubt(
     with tool_call(*key):  # the next replay applies the policy again
         refund_tool(durable_ledger, effects)("1042", 59.0)
     assert attempts_in(effects) == ["1", "3"]
+
+
+def test_a_reconciled_result_that_cannot_be_written_is_not_said_to_be_recorded(
+    sqlite_url: str, tmp_path: Path, events: list[Event]
+) -> None:
+    """The reconciler finds the result, but the ledger loses its table before the write: the
+    ``reconciled`` event says the result could not be recorded, after the write's ``ledger_error``."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(sqlite_url, effects)
+    ledger = SqliteLedger(sqlite_url.removeprefix("sqlite:///"), retry=RetryPolicy(attempts=1))
+
+    def found_then_table_lost(call: CallInfo) -> Any:
+        with closing(sqlite3.connect(ledger.path)) as connection, connection:
+            connection.execute("DROP TABLE tool_executions")
+        return "Refunded 59.00 (found at provider)"
+
+    with tool_call(*key):
+        assert refund_tool(ledger, effects, in_doubt=found_then_table_lost)("1042", 59.0) == (
+            "Refunded 59.00 (found at provider)"
+        )
+    kinds = [event.kind for event in events]
+    assert kinds == [EventKind.IN_DOUBT, EventKind.LEDGER_ERROR, EventKind.RECONCILED], kinds
+    reconciled = events[-1].message
+    assert "could not be recorded" in reconciled and "now recorded" not in reconciled
+    assert key.thread_id in reconciled and "refund_order" in reconciled
 
 
 def test_operator_resolves_with_a_result(durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path) -> None:

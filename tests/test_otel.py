@@ -33,6 +33,8 @@ def test_calls_become_spans_with_ids_and_no_data() -> None:
     assert attributes["replaysafe.thread_id"] == "t-otel"
     assert attributes["replaysafe.tool_call_id"] == "call_1"
     assert attributes["replaysafe.attempt"] == 1
+    assert attributes["replaysafe.recorded"] is True  # the executed call's result is in the ledger
+    assert "replaysafe.recorded" not in dict(spans[1].attributes or {})  # a replay has no such outcome
     assert spans[0].end_time is not None and spans[0].start_time is not None
     assert spans[0].end_time >= spans[0].start_time
     assert "SECRET" not in repr([dict(s.attributes or {}) for s in spans])

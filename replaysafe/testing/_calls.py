@@ -26,9 +26,10 @@ class CallLog:
     """The events of protected calls, in order, as ``record_calls()`` collected them.
 
     A tool is given as the decorated function or as its tool name (a string). ``runs``
-    counts the calls whose body ran and whose outcome (result or error) was recorded;
-    ``replays`` the calls answered from the ledger without running. Calls that ran
-    plainly (no ledger, no ids, protection disabled) leave no trace here.
+    counts the calls whose body returned (``executed`` events, whether or not the result
+    could be recorded: ``Event.recorded`` says); ``replays`` the calls answered from the
+    ledger without running. A body that raised is not a run here. Calls that ran plainly
+    (no ledger, no ids, protection disabled) leave no trace here.
     """
 
     def __init__(self) -> None:
@@ -46,7 +47,7 @@ class CallLog:
             return sum(1 for event in self.events if event.tool_name == name and event.kind is kind)
 
     def runs(self, tool: object) -> int:
-        """How many times the tool's body ran to an end that was recorded."""
+        """How many times the tool's body returned (its result recorded or not)."""
         return self.count(tool, EventKind.EXECUTED)
 
     def replays(self, tool: object) -> int:
