@@ -672,9 +672,11 @@ def _reconcile(spec: ToolSpec, reconciler: Reconciler, owned: Run, in_doubt: int
             f"{owned.call.attempt}); the call stays in doubt: the next replay asks again, or settle it with "
             f"{_resolve_command(call.key)} --result '<json>' or --rerun",
         )
-        yield from _finish(spec, owned, Status.IN_DOUBT, None, fail_closed=False)
+        yield from _finish(spec, owned, Status.IN_DOUBT, None, fail_closed=False, reconciling=True)
         raise
-    recorded = yield from _finish(spec, owned, Status.COMPLETED, encoded, fail_closed=True, result=answer)
+    recorded = yield from _finish(
+        spec, owned, Status.COMPLETED, encoded, fail_closed=True, result=answer, reconciling=True
+    )
     outcome = "which is now recorded" if recorded else "which could not be recorded (see its earlier event)"
     owned.host.emit(
         EventKind.RECONCILED,
@@ -866,11 +868,13 @@ def _finish(
     result: Any = None,
     executed: bool = False,
     result_in_record: bool = True,
+    reconciling: bool = False,
 ) -> Generator[Effect, Any, bool]:
     """Write how the call ended; a write that fails is logged (or raised, fail-closed). Returns
     whether the record was written. ``executed``: the tool returned, which the ``executed`` event
     reports once the write is done (when anyone listens then), with whether its result is now
-    recorded (never when ``result_in_record`` is false: the record holds a marker instead)."""
+    recorded (never when ``result_in_record`` is false: the record holds a marker instead).
+    ``reconciling``: the write is a reconciler's, made without running the tool."""
     key, owner, host = run.call.key, run.owner, run.host
     assert owner is not None
     # A finished record is sealed even without a result: on read, an unsealed one is a forgery.
@@ -881,8 +885,9 @@ def _finish(
     except LedgerError as exc:
         host.emit(
             EventKind.LEDGER_ERROR,
-            f"{describe(spec.name, key)} ran but its {status} record could not be written: {exc} A replay may "
-            "run it again; hand current_call().idempotency_key to the provider so it can dedupe.",
+            f"{describe(spec.name, key)} {'was reconciled' if reconciling else 'ran'} but its {status} record could "
+            f"not be written: {exc} A replay may run it again; hand current_call().idempotency_key to the provider "
+            "so it can dedupe.",
             tool_name=spec.name,
             key=key,
         )
@@ -893,14 +898,18 @@ def _finish(
             raise
         return False
     if not recorded:
-        host.emit(
-            EventKind.DUPLICATE_DETECTED,
-            f"duplicate execution of {describe(spec.name, key)}: its claim was taken over by another worker "
-            f"while this one ({owner}) ran the tool, so the tool ran twice. The other worker's record is kept.",
-            tool_name=spec.name,
-            key=key,
-            owner=owner,
-        )
+        if reconciling:  # the tool did not run here: only the reconciler's answer is lost
+            message = (
+                f"{describe(spec.name, key)} was taken over by another worker while this one ({owner}) asked its "
+                "reconciler, whose answer is not recorded; the tool did not run here. The other worker's record "
+                "is kept."
+            )
+        else:
+            message = (
+                f"duplicate execution of {describe(spec.name, key)}: its claim was taken over by another worker "
+                f"while this one ({owner}) ran the tool, so the tool ran twice. The other worker's record is kept."
+            )
+        host.emit(EventKind.DUPLICATE_DETECTED, message, tool_name=spec.name, key=key, owner=owner)
     if executed and host.wanted(_EXECUTED):  # asked after the write: a listener may subscribe meanwhile
         _report_executed(spec, run, recorded=bool(recorded) and result_in_record)
     return bool(recorded)

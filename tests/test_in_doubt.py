@@ -191,9 +191,40 @@ def test_a_reconciled_result_that_cannot_be_written_is_not_said_to_be_recorded(
         )
     kinds = [event.kind for event in events]
     assert kinds == [EventKind.IN_DOUBT, EventKind.LEDGER_ERROR, EventKind.RECONCILED], kinds
+    assert "was reconciled but its completed record could not be written" in events[1].message
     reconciled = events[-1].message
     assert "could not be recorded" in reconciled and "now recorded" not in reconciled
     assert key.thread_id in reconciled and "refund_order" in reconciled
+
+
+def test_a_reconciler_whose_call_is_taken_over_meanwhile_reports_no_second_run(
+    sqlite_url: str, tmp_path: Path, events: list[Event]
+) -> None:
+    """Another worker takes the in-doubt call over while this one's reconciler asks the provider:
+    the reconciler's answer is fenced off, and the event says the tool did not run here (no
+    "duplicate execution", which would send someone looking for a second side effect)."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(sqlite_url, effects)
+    ledger = SqliteLedger(sqlite_url.removeprefix("sqlite:///"))
+
+    def found_while_taken_over(call: CallInfo) -> Any:
+        assert ledger.delete(key)  # an operator clears the call, and another worker claims it
+        now = dt.datetime.now(dt.timezone.utc)
+        taken = ledger.claim(
+            key, tool_name="refund_order", args_digest="other", owner="other-host:1:1#1", now=now, lease_expires_at=now
+        )
+        assert taken.claimed
+        return "Refunded 59.00 (found at provider)"
+
+    with tool_call(*key):
+        refund_tool(ledger, effects, in_doubt=found_while_taken_over)("1042", 59.0)
+    kinds = [event.kind for event in events]
+    assert kinds == [EventKind.IN_DOUBT, EventKind.DUPLICATE_DETECTED, EventKind.RECONCILED], kinds
+    fenced = events[1].message
+    assert "the tool did not run here" in fenced and "duplicate execution" not in fenced
+    assert key.thread_id in fenced and "refund_order" in fenced
+    assert "could not be recorded" in events[2].message
+    assert attempts_in(effects) == ["1"]  # the crashed run only
 
 
 def test_operator_resolves_with_a_result(durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path) -> None:
