@@ -402,12 +402,26 @@ class _Held:
     event loop.
     """
 
+    asynchronous = False
+
     def __init__(self, client: Any) -> None:
         self.client = client
         pool = client.connection_pool
-        self._make: Callable[[], Any] = functools.partial(pool.connection_class, **pool.connection_kwargs)
+        self._make: Callable[[], Any] = functools.partial(pool.connection_class, **self._settings(pool))
         self._callbacks: dict[str, Callable[[Any], Any]] = client.response_callbacks
         self._idle: IdleConnections[Any] = IdleConnections()
+
+    def _settings(self, pool: Any) -> dict[str, Any]:
+        """What a held connection is made with: the pool's settings, and a retry when they give none.
+
+        redis-py's pool reopens a connection the server closed (a restart, an idle timeout) when
+        it hands it out; a held connection never goes through that check, so without a retry of
+        its own a stale one would fail the next command. A client's own retry is kept.
+        """
+        settings = dict(pool.connection_kwargs)
+        if settings.get("retry") is None:
+            settings["retry"] = _once(asynchronous=self.asynchronous)
+        return settings
 
     @staticmethod
     def fits(client: Any) -> bool:
@@ -461,6 +475,8 @@ class _AsyncHeld(_Held):
     send in ``asyncio.wait_for``, which makes a Task per command on Python 3.11.
     """
 
+    asynchronous = True
+
     def __init__(self, client: Any) -> None:
         super().__init__(client)
         pool = client.connection_pool
@@ -468,7 +484,7 @@ class _AsyncHeld(_Held):
         timeout = pool.connection_kwargs.get("socket_timeout")
         if timeout is not None and _timeout is not None:
             self._bound = timeout
-            settings = {**pool.connection_kwargs, "socket_timeout": None}
+            settings = {**self._settings(pool), "socket_timeout": None}
             self._make = functools.partial(pool.connection_class, **settings)
 
     async def _exchange(self, conn: Any, command: Sequence[Any]) -> Any:
@@ -853,9 +869,10 @@ def _twin(client: Any, *, asynchronous: bool) -> Any:
             f"{pool.connection_class.__name__}: pass a redis:// URL instead of a client"
         )
     pool_class = redis.asyncio.ConnectionPool if asynchronous else redis.ConnectionPool
+    # The retry goes to the pool, whose connections carry it: a client given a pool ignores its own.
+    retry = _once(asynchronous=asynchronous)
     return _FLAVOURS[asynchronous, False](
-        connection_pool=pool_class(connection_class=connection_class, **settings),
-        retry=_once(asynchronous=asynchronous),
+        connection_pool=pool_class(connection_class=connection_class, retry=retry, **settings)
     )
 
 

@@ -387,3 +387,55 @@ def test_close_from_another_thread_closes_the_connections_of_a_running_loop(redi
         runner.join(10)
         loop.close()
         probe.close()
+
+
+def _kill_connections_named(server: str, name: str) -> int:
+    """Close, on the server, every connection whose client name is ``name`` (as a restart or an idle
+    timeout would); how many there were."""
+    admin = redis.Redis.from_url(server)
+    try:
+        ids = [entry["id"] for entry in admin.client_list() if entry.get("name") == name]
+        for client_id in ids:
+            admin.client_kill_filter(_id=client_id)
+        return len(ids)
+    finally:
+        admin.close()
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["url", "a-sync-client", "an-async-client"],
+    ids=["built-from-a-url", "given-a-sync-client", "given-an-async-client"],
+)
+async def test_a_connection_the_server_closed_is_reopened_at_once_on_both_sides(redis_url: str, given: str) -> None:
+    """A held connection the server closed while it sat idle is reopened and the command sent again,
+    at once and below the ledger's retry policy: under ``attempts=1`` no operation fails for it,
+    on the sync side and on ``.aio``, whether the ledger built its clients or copied a given one
+    for its other side."""
+    server, prefix = _server_and_prefix(redis_url)
+    name = f"rs-stale-{uuid.uuid4().hex[:8]}"
+    named = with_query(server, client_name=name)
+    client: redis.Redis | redis.asyncio.Redis | None = None
+    if given == "a-sync-client":
+        client = redis.Redis.from_url(named)
+    elif given == "an-async-client":
+        client = redis.asyncio.Redis.from_url(named)
+    ledger = RedisLedger(
+        with_query(named, prefix=prefix) if client is None else client,
+        prefix=None if client is None else prefix,
+        retry=replaysafe.ledgers.RetryPolicy(attempts=1),
+    )
+    key = CallKey("t", "m", "c")
+    try:
+        assert claim(ledger, key)
+        assert (await ledger.aio.get(key)) is not None  # both sides now hold a connection
+        assert _kill_connections_named(server, name) >= 2
+        assert ledger.get(key) is not None
+        assert (await ledger.aio.get(key)) is not None
+    finally:
+        await ledger.aclose()
+        ledger.close()
+        if isinstance(client, redis.asyncio.Redis):
+            await client.aclose()
+        elif client is not None:
+            client.close()
