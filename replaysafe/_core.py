@@ -883,11 +883,15 @@ def _finish(
     try:
         recorded = yield new_tuple(Complete, (key, owner, status, encoded, host.now()))
     except LedgerError as exc:
+        if not reconciling:
+            done = "ran"
+            then = "A replay may run it again; hand current_call().idempotency_key to the provider so it can dedupe."
+        else:  # the tool did not run here: a reconciler answered (COMPLETED) or raised (IN_DOUBT)
+            done = "was reconciled" if status is Status.COMPLETED else "had its reconciler raise"
+            then = f"The next replay asks the reconciler again; or settle it with {_resolve_command(key)}."
         host.emit(
             EventKind.LEDGER_ERROR,
-            f"{describe(spec.name, key)} {'was reconciled' if reconciling else 'ran'} but its {status} record could "
-            f"not be written: {exc} A replay may run it again; hand current_call().idempotency_key to the provider "
-            "so it can dedupe.",
+            f"{describe(spec.name, key)} {done} but its {status} record could not be written: {exc} {then}",
             tool_name=spec.name,
             key=key,
         )
@@ -898,11 +902,12 @@ def _finish(
             raise
         return False
     if not recorded:
-        if reconciling:  # the tool did not run here: only the reconciler's answer is lost
+        if reconciling:  # the tool did not run here: only the reconciler's answer (or failure) is lost
+            asked = "whose answer is not recorded" if status is Status.COMPLETED else "which raised"
             message = (
                 f"{describe(spec.name, key)} was taken over by another worker while this one ({owner}) asked its "
-                "reconciler, whose answer is not recorded; the tool did not run here. The other worker's record "
-                "is kept."
+                f"reconciler, {asked}; the tool did not run here, so nothing here is to undo. The other worker's "
+                f"record is kept: see how it ends with {ledger_command('show', key)}."
             )
         else:
             message = (

@@ -222,9 +222,47 @@ def test_a_reconciler_whose_call_is_taken_over_meanwhile_reports_no_second_run(
     assert kinds == [EventKind.IN_DOUBT, EventKind.DUPLICATE_DETECTED, EventKind.RECONCILED], kinds
     fenced = events[1].message
     assert "the tool did not run here" in fenced and "duplicate execution" not in fenced
-    assert key.thread_id in fenced and "refund_order" in fenced
+    assert key.thread_id in fenced and "refund_order" in fenced and "ledger show" in fenced
+    assert "Refunded" not in fenced  # names the call, never the answer
     assert "could not be recorded" in events[2].message
     assert attempts_in(effects) == ["1"]  # the crashed run only
+    record = ledger.get(key)
+    assert record is not None and record.owner == "other-host:1:1#1"
+
+
+@pytest.mark.parametrize("meanwhile", ["table-lost", "taken-over"])
+def test_a_reconciler_that_raises_is_not_reported_as_an_answer(
+    sqlite_url: str, tmp_path: Path, events: list[Event], meanwhile: str
+) -> None:
+    """The reconciler raises after the ledger lost its table, or after another worker took the call
+    over: the write of the in-doubt record fails or is fenced off, and its event says the reconciler
+    raised (neither "was reconciled" nor an "answer"), and that the tool did not run here."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(sqlite_url, effects)
+    ledger = SqliteLedger(sqlite_url.removeprefix("sqlite:///"), retry=RetryPolicy(attempts=1))
+
+    def raises_after(call: CallInfo) -> Any:
+        if meanwhile == "table-lost":
+            with closing(sqlite3.connect(ledger.path)) as connection, connection:
+                connection.execute("DROP TABLE tool_executions")
+        else:
+            assert ledger.delete(key)
+            now = dt.datetime.now(dt.timezone.utc)
+            claimed = ledger.claim(
+                key, tool_name="refund_order", args_digest="x", owner="other-host:1:1#1", now=now, lease_expires_at=now
+            )
+            assert claimed.claimed
+        raise ConnectionError("provider unreachable")
+
+    with tool_call(*key), pytest.raises(ConnectionError):
+        refund_tool(ledger, effects, in_doubt=raises_after)("1042", 59.0)
+    expected = EventKind.LEDGER_ERROR if meanwhile == "table-lost" else EventKind.DUPLICATE_DETECTED
+    assert [event.kind for event in events] == [EventKind.IN_DOUBT, expected]
+    said = events[1].message
+    assert "was reconciled" not in said and "answer" not in said and "duplicate execution" not in said
+    assert ("had its reconciler raise" if meanwhile == "table-lost" else "which raised") in said
+    assert key.thread_id in said and "refund_order" in said
+    assert attempts_in(effects) == ["1"]
 
 
 def test_operator_resolves_with_a_result(durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path) -> None:
