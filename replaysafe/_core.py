@@ -241,6 +241,8 @@ class Reconcile(NamedTuple):
 
     reconciler: Reconciler
     call: CallInfo
+    #: The takeover's run: the reconciler answers in the tool's place, under that run's lease.
+    run: Run
 
 
 class ToolExit(BaseException):
@@ -658,7 +660,7 @@ def _reconcile(spec: ToolSpec, reconciler: Reconciler, owned: Run, in_doubt: int
     a new attempt number); record the result it found, or return RERUN."""
     call = owned.call._replace(attempt=in_doubt)
     try:
-        answer = yield Reconcile(reconciler, call)
+        answer = yield Reconcile(reconciler, call, owned)
         if answer is RERUN:
             return RERUN
         encoded = spec.serializer.dumps(answer)

@@ -133,7 +133,16 @@ def _sleep(effect: Sleep, driving: Driving) -> None:
 
 
 def _reconcile(effect: Reconcile, driving: Driving) -> Any:
-    answer = effect.reconciler(effect.call)
+    # The reconciler answers in the tool's place: the call's lease is kept alive as for a run of the
+    # tool, so a slow provider lookup is not taken for a dead owner and the call taken over meanwhile.
+    lease = _lease(effect.run, driving, past_deadline=driving.hard_deadline)
+    if lease is not None:
+        renewer.add(lease)
+    try:
+        answer = effect.reconciler(effect.call)
+    finally:
+        if lease is not None:
+            renewer.remove(lease)
     if inspect.isawaitable(answer):
         raise TypeError(f"{driving.tool_name} is a sync tool: its in_doubt reconciler must be sync too")
     return answer
@@ -352,8 +361,12 @@ async def _asleep(effect: Sleep, driving: Driving) -> None:
 
 
 async def _areconcile(effect: Reconcile, driving: Driving) -> Any:
-    answer = effect.reconciler(effect.call)
-    return (await answer) if inspect.isawaitable(answer) else answer
+    lease = start_renewing(_lease(effect.run, driving, past_deadline=driving.hard_deadline))  # as _reconcile's
+    try:
+        answer = effect.reconciler(effect.call)
+        return (await answer) if inspect.isawaitable(answer) else answer
+    finally:
+        renewer.remove(lease)
 
 
 async def _ainvoke(run: Run, driving: Driving) -> Any:

@@ -24,6 +24,7 @@ from replaysafe import (
     Event,
     EventKind,
     Ledger,
+    Record,
     SqliteLedger,
     Status,
     current_call,
@@ -262,6 +263,56 @@ def test_a_reconciler_that_raises_is_not_reported_as_an_answer(
     assert "was reconciled" not in said and "answer" not in said and "duplicate execution" not in said
     assert ("had its reconciler raise" if meanwhile == "table-lost" else "which raised") in said
     assert key.thread_id in said and "refund_order" in said
+    assert attempts_in(effects) == ["1"]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_slow_reconciler_keeps_the_calls_lease(
+    durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path, flavour: str
+) -> None:
+    """The reconciler answers in the tool's place, so the call's lease is kept alive while it asks
+    the provider, as it would be while the tool ran: a lookup slower than the lease is not taken
+    for a dead owner (another host would take the call over and might run the tool again)."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(durable_ledger_url, effects)
+    lease, slow = 0.6, 2.0  # seconds: the reconciler takes over three leases
+
+    def held_by_us(record: Record | None, started: dt.datetime) -> bool:
+        now = dt.datetime.now(dt.timezone.utc)
+        assert record is not None and record.status is Status.RUNNING and record.attempt == 2
+        assert now - started >= dt.timedelta(seconds=slow)
+        return record.lease_expires_at > now
+
+    seen: list[bool] = []
+    if flavour == "sync":
+
+        def slow_lookup(call: CallInfo) -> Any:
+            started = dt.datetime.now(dt.timezone.utc)
+            time.sleep(slow)
+            seen.append(held_by_us(durable_ledger.get(key), started))
+            return "Refunded 59.00 (found at provider)"
+
+        with tool_call(*key):
+            found = refund_tool(durable_ledger, effects, in_doubt=slow_lookup, lease=lease)("1042", 59.0)
+    else:
+
+        async def aslow_lookup(call: CallInfo) -> Any:
+            started = dt.datetime.now(dt.timezone.utc)
+            await asyncio.sleep(slow)
+            seen.append(held_by_us(await durable_ledger.aio.get(key), started))
+            return "Refunded 59.00 (found at provider)"
+
+        @replay_safe(ledger=durable_ledger, in_doubt=aslow_lookup, lease=lease)
+        async def refund_order(order_id: str, amount: float) -> str:
+            raise AssertionError("a reconciled call does not run the tool")
+
+        async def main() -> Any:
+            async with tool_call(*key):
+                return await refund_order("1042", 59.0)
+
+        found = asyncio.run(main())
+    assert found == "Refunded 59.00 (found at provider)"
+    assert seen == [True], "the lease ran out while the reconciler asked"
     assert attempts_in(effects) == ["1"]
 
 
