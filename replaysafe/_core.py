@@ -533,6 +533,15 @@ def _protocol(
                 if answer is not RERUN:
                     decision = Replay(answer)
                     break
+                # The tool runs now: under a lease made fresh for it (the takeover's was written
+                # before the reconciler asked), and only if the call is still this owner's.
+                now = host.now()
+                try:
+                    held = yield new_tuple(Renew, (key, owner, now + lease))
+                except LedgerError:
+                    held = True  # cannot tell: run, as the takeover allowed
+                if not held:
+                    continue  # taken over or settled while the reconciler asked: look again
             decision = _run(spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer)
             break
         # A live owner runs this very call: wait for its result, with a bounded backoff.

@@ -4,7 +4,8 @@ This is the only code that differs between sync and async; every decision is in
 ``_core``. Each driver is one short loop: take the next effect, look up what performs
 it, send back its outcome (or throw its exception back in). A ledger operation is
 made by ``_operations``; the tool runs under its deadline (``_deadlines``) with its
-lease kept alive (``_renewer``).
+lease kept alive (``_renewer``), and so does an in-doubt call's reconciler, which answers
+in the tool's place.
 """
 
 from __future__ import annotations
@@ -132,18 +133,31 @@ def _sleep(effect: Sleep, driving: Driving) -> None:
     time.sleep(effect.seconds)
 
 
-def _reconcile(effect: Reconcile, driving: Driving) -> Any:
-    # The reconciler answers in the tool's place: the call's lease is kept alive as for a run of the
-    # tool, so a slow provider lookup is not taken for a dead owner and the call taken over meanwhile.
-    lease = _lease(effect.run, driving, past_deadline=driving.hard_deadline)
-    if lease is not None:
-        renewer.add(lease)
+def _reconciler_lease(effect: Reconcile, driving: Driving) -> Lease | None:
+    """The call's lease while its reconciler answers in the tool's place: renewed as a run's under the
+    built-in timeout is, up to the deadline plus the margin (a reconciler has no deadline of its own
+    to stop it), and not at all when the claim's lease already reaches that far."""
+    return _lease(effect.run, driving, past_deadline=False)
+
+
+def _asked(effect: Reconcile, driving: Driving) -> Any:
+    """The reconciler's answer (an awaitable, for an async one), the call's lease renewed meanwhile
+    by the renewer thread: a sync reconciler blocks its thread, an event loop's too."""
+    lease = _reconciler_lease(effect, driving)
     try:
-        answer = effect.reconciler(effect.call)
+        if lease is not None:
+            renewer.add(lease)
+        return effect.reconciler(effect.call)
     finally:
         if lease is not None:
             renewer.remove(lease)
+
+
+def _reconcile(effect: Reconcile, driving: Driving) -> Any:
+    answer = _asked(effect, driving)
     if inspect.isawaitable(answer):
+        if inspect.iscoroutine(answer):
+            answer.close()  # never awaited: closed, so no "never awaited" warning follows the error
         raise TypeError(f"{driving.tool_name} is a sync tool: its in_doubt reconciler must be sync too")
     return answer
 
@@ -361,10 +375,12 @@ async def _asleep(effect: Sleep, driving: Driving) -> None:
 
 
 async def _areconcile(effect: Reconcile, driving: Driving) -> Any:
-    lease = start_renewing(_lease(effect.run, driving, past_deadline=driving.hard_deadline))  # as _reconcile's
+    answer = _asked(effect, driving)
+    if not inspect.isawaitable(answer):
+        return answer
+    lease = start_renewing(_reconciler_lease(effect, driving))  # awaited: this loop's renewer, as _ainvoke's
     try:
-        answer = effect.reconciler(effect.call)
-        return (await answer) if inspect.isawaitable(answer) else answer
+        return await answer
     finally:
         renewer.remove(lease)
 

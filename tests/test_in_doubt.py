@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import gc
 import sqlite3
 import subprocess
 import sys
 import time
 import uuid
+import warnings
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -62,6 +64,20 @@ def refund_tool(ledger: Ledger, effects: Path, **options: Any) -> Any:
 
 def attempts_in(effects: Path) -> list[str]:
     return [line.split()[1] for line in effects.read_text().splitlines()]
+
+
+OTHER_WORKER = "other-host:1:1#1"
+
+
+def take_over_as_another_worker(ledger: Ledger, key: CallKey, *, args_digest: str = "other", lease: float = 0) -> None:
+    """An operator clears the call and another worker claims it (called from a reconciler: meanwhile)."""
+    assert ledger.delete(key)
+    now = dt.datetime.now(dt.timezone.utc)
+    until = now + dt.timedelta(seconds=lease)
+    claimed = ledger.claim(
+        key, tool_name="refund_order", args_digest=args_digest, owner=OTHER_WORKER, now=now, lease_expires_at=until
+    )
+    assert claimed.claimed
 
 
 def test_a_dead_owner_on_this_machine_is_in_doubt_at_once(
@@ -209,12 +225,7 @@ def test_a_reconciler_whose_call_is_taken_over_meanwhile_reports_no_second_run(
     ledger = SqliteLedger(sqlite_url.removeprefix("sqlite:///"))
 
     def found_while_taken_over(call: CallInfo) -> Any:
-        assert ledger.delete(key)  # an operator clears the call, and another worker claims it
-        now = dt.datetime.now(dt.timezone.utc)
-        taken = ledger.claim(
-            key, tool_name="refund_order", args_digest="other", owner="other-host:1:1#1", now=now, lease_expires_at=now
-        )
-        assert taken.claimed
+        take_over_as_another_worker(ledger, key)
         return "Refunded 59.00 (found at provider)"
 
     with tool_call(*key):
@@ -228,7 +239,7 @@ def test_a_reconciler_whose_call_is_taken_over_meanwhile_reports_no_second_run(
     assert "could not be recorded" in events[2].message
     assert attempts_in(effects) == ["1"]  # the crashed run only
     record = ledger.get(key)
-    assert record is not None and record.owner == "other-host:1:1#1"
+    assert record is not None and record.owner == OTHER_WORKER
 
 
 @pytest.mark.parametrize("meanwhile", ["table-lost", "taken-over"])
@@ -247,12 +258,7 @@ def test_a_reconciler_that_raises_is_not_reported_as_an_answer(
             with closing(sqlite3.connect(ledger.path)) as connection, connection:
                 connection.execute("DROP TABLE tool_executions")
         else:
-            assert ledger.delete(key)
-            now = dt.datetime.now(dt.timezone.utc)
-            claimed = ledger.claim(
-                key, tool_name="refund_order", args_digest="x", owner="other-host:1:1#1", now=now, lease_expires_at=now
-            )
-            assert claimed.claimed
+            take_over_as_another_worker(ledger, key)
         raise ConnectionError("provider unreachable")
 
     with tool_call(*key), pytest.raises(ConnectionError):
@@ -266,43 +272,46 @@ def test_a_reconciler_that_raises_is_not_reported_as_an_answer(
     assert attempts_in(effects) == ["1"]
 
 
-@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("flavour", ["sync-tool", "async-tool", "async-tool-sync-reconciler"])
 def test_a_slow_reconciler_keeps_the_calls_lease(
     durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path, flavour: str
 ) -> None:
     """The reconciler answers in the tool's place, so the call's lease is kept alive while it asks
     the provider, as it would be while the tool ran: a lookup slower than the lease is not taken
-    for a dead owner (another host would take the call over and might run the tool again)."""
+    for a dead owner (another host would take the call over and might run the tool again). A sync
+    reconciler of an async tool blocks the event loop, so its lease is renewed by the renewer thread."""
     effects = tmp_path / "effects"
     key = crash_inside_the_tool(durable_ledger_url, effects)
     lease, slow = 0.6, 2.0  # seconds: the reconciler takes over three leases
 
-    def held_by_us(record: Record | None, started: dt.datetime) -> bool:
-        now = dt.datetime.now(dt.timezone.utc)
+    def renewed_since(record: Record | None, started: dt.datetime) -> bool:
         assert record is not None and record.status is Status.RUNNING and record.attempt == 2
-        assert now - started >= dt.timedelta(seconds=slow)
-        return record.lease_expires_at > now
+        # Unrenewed, it would end by started + lease; renewed every lease/3, it reaches well past
+        # started + slow - lease (slack for a renewer a tick or two late on a loaded machine).
+        return record.lease_expires_at > started + dt.timedelta(seconds=slow - lease)
 
     seen: list[bool] = []
-    if flavour == "sync":
+    answer = "Refunded 59.00 (found at provider)"
 
-        def slow_lookup(call: CallInfo) -> Any:
-            started = dt.datetime.now(dt.timezone.utc)
-            time.sleep(slow)
-            seen.append(held_by_us(durable_ledger.get(key), started))
-            return "Refunded 59.00 (found at provider)"
+    def slow_lookup(call: CallInfo) -> Any:
+        started = dt.datetime.now(dt.timezone.utc)
+        time.sleep(slow)  # blocks its thread: an event loop's too, for an async tool
+        seen.append(renewed_since(durable_ledger.get(key), started))
+        return answer
 
+    async def aslow_lookup(call: CallInfo) -> Any:
+        started = dt.datetime.now(dt.timezone.utc)
+        await asyncio.sleep(slow)
+        seen.append(renewed_since(await durable_ledger.aio.get(key), started))
+        return answer
+
+    if flavour == "sync-tool":
         with tool_call(*key):
             found = refund_tool(durable_ledger, effects, in_doubt=slow_lookup, lease=lease)("1042", 59.0)
     else:
+        reconciler = aslow_lookup if flavour == "async-tool" else slow_lookup
 
-        async def aslow_lookup(call: CallInfo) -> Any:
-            started = dt.datetime.now(dt.timezone.utc)
-            await asyncio.sleep(slow)
-            seen.append(held_by_us(await durable_ledger.aio.get(key), started))
-            return "Refunded 59.00 (found at provider)"
-
-        @replay_safe(ledger=durable_ledger, in_doubt=aslow_lookup, lease=lease)
+        @replay_safe(ledger=durable_ledger, in_doubt=reconciler, lease=lease)
         async def refund_order(order_id: str, amount: float) -> str:
             raise AssertionError("a reconciled call does not run the tool")
 
@@ -311,8 +320,49 @@ def test_a_slow_reconciler_keeps_the_calls_lease(
                 return await refund_order("1042", 59.0)
 
         found = asyncio.run(main())
-    assert found == "Refunded 59.00 (found at provider)"
+    assert found == answer
     assert seen == [True], "the lease ran out while the reconciler asked"
+    assert attempts_in(effects) == ["1"]
+
+
+def test_a_rerun_after_the_call_was_taken_over_meanwhile_does_not_run_the_tool(sqlite_url: str, tmp_path: Path) -> None:
+    """The reconciler asks for a rerun, but another worker took the call over while it asked: the
+    tool does not run here (it would run twice); the call is another worker's, so this one waits
+    for it and gives up with CallInProgressError."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(sqlite_url, effects)
+    ledger = SqliteLedger(sqlite_url.removeprefix("sqlite:///"))
+
+    def rerun_while_taken_over(call: CallInfo) -> Any:
+        take_over_as_another_worker(ledger, key, args_digest=call_digest, lease=300)  # a live owner's lease
+        return RERUN
+
+    call_digest = ledger.get(key).args_digest  # type: ignore[union-attr]  # the crashed run's record
+    with tool_call(*key), pytest.raises(CallInProgressError):
+        refund_tool(ledger, effects, in_doubt=rerun_while_taken_over, wait_timeout=0.3)("1042", 59.0)
+    assert attempts_in(effects) == ["1"]  # the crashed run only: no second run
+    record = ledger.get(key)
+    assert record is not None and record.owner == OTHER_WORKER
+
+
+def test_an_async_reconciler_of_a_sync_tool_is_refused_cleanly(sqlite_url: str, tmp_path: Path) -> None:
+    """A sync tool cannot await its reconciler: a TypeError says so, the call stays in doubt, and
+    the coroutine the reconciler made is closed (no "never awaited" warning follows)."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(sqlite_url, effects)
+    ledger = SqliteLedger(sqlite_url.removeprefix("sqlite:///"))
+
+    async def lookup(call: CallInfo) -> Any:
+        return "Refunded 59.00 (found at provider)"
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with tool_call(*key), pytest.raises(TypeError, match="must be sync too"):
+            refund_tool(ledger, effects, in_doubt=lookup)("1042", 59.0)
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+    record = ledger.get(key)
+    assert record is not None and record.status is Status.IN_DOUBT
     assert attempts_in(effects) == ["1"]
 
 
