@@ -538,10 +538,34 @@ def _protocol(
                 now = host.now()
                 try:
                     held = yield new_tuple(Renew, (key, owner, now + lease))
-                except LedgerError:
-                    held = True  # cannot tell: run, as the takeover allowed
+                except LedgerError as exc:
+                    held = True  # cannot tell: run, as the takeover allowed (its record's write is fenced)
+                    host.emit(
+                        EventKind.LEDGER_ERROR,
+                        f"{describe(spec.name, key)}: its reconciler asked for a rerun, and whether the call is "
+                        f"still this worker's could not be read: {exc} It runs, as the takeover allowed; its record "
+                        "is written only if no other worker took the call over meanwhile.",
+                        tool_name=spec.name,
+                        key=key,
+                    )
+                except GeneratorExit:
+                    raise
+                except BaseException:
+                    # Interrupted here: the takeover is still this owner's. Left in doubt, as when
+                    # the reconciler itself is interrupted, for the next replay to settle.
+                    yield from _finish(spec, owned, Status.IN_DOUBT, None, fail_closed=False, reconciling=True)
+                    raise
                 if not held:
-                    continue  # taken over or settled while the reconciler asked: look again
+                    host.emit(
+                        EventKind.DUPLICATE_DETECTED,
+                        f"{describe(spec.name, key)} was taken over by another worker, or settled, while this one "
+                        f"({owner}) asked its reconciler, which asked for a rerun: the tool does not run here, and "
+                        f"the call is looked up again. See how it ends with {ledger_command('show', key)}.",
+                        tool_name=spec.name,
+                        key=key,
+                        owner=owner,
+                    )
+                    continue
             decision = _run(spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer)
             break
         # A live owner runs this very call: wait for its result, with a bounded backoff.

@@ -4,8 +4,8 @@ This is the only code that differs between sync and async; every decision is in
 ``_core``. Each driver is one short loop: take the next effect, look up what performs
 it, send back its outcome (or throw its exception back in). A ledger operation is
 made by ``_operations``; the tool runs under its deadline (``_deadlines``) with its
-lease kept alive (``_renewer``), and so does an in-doubt call's reconciler, which answers
-in the tool's place.
+lease kept alive (``_renewer``). An in-doubt call's reconciler, which answers in the
+tool's place, has the lease kept alive too (it has no deadline of its own).
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ def _sleep(effect: Sleep, driving: Driving) -> None:
 def _reconciler_lease(effect: Reconcile, driving: Driving) -> Lease | None:
     """The call's lease while its reconciler answers in the tool's place: renewed as a run's under the
     built-in timeout is, up to the deadline plus the margin (a reconciler has no deadline of its own
-    to stop it), and not at all when the claim's lease already reaches that far."""
+    to stop it), not at all when the claim's lease already reaches that far, and with no limit when
+    the call has no timeout (timeouts turned off, or a step), as for a run."""
     return _lease(effect.run, driving, past_deadline=False)
 
 
@@ -378,11 +379,14 @@ async def _areconcile(effect: Reconcile, driving: Driving) -> Any:
     answer = _asked(effect, driving)
     if not inspect.isawaitable(answer):
         return answer
-    lease = start_renewing(_reconciler_lease(effect, driving))  # awaited: this loop's renewer, as _ainvoke's
+    lease = None
     try:
+        lease = start_renewing(_reconciler_lease(effect, driving))  # awaited: this loop's renewer, as _ainvoke's
         return await answer
     finally:
         renewer.remove(lease)
+        if inspect.iscoroutine(answer) and inspect.getcoroutinestate(answer) == inspect.CORO_CREATED:
+            answer.close()  # never awaited (start_renewing failed): closed, with no warning to follow
 
 
 async def _ainvoke(run: Run, driving: Driving) -> Any:

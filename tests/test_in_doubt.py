@@ -325,7 +325,9 @@ def test_a_slow_reconciler_keeps_the_calls_lease(
     assert attempts_in(effects) == ["1"]
 
 
-def test_a_rerun_after_the_call_was_taken_over_meanwhile_does_not_run_the_tool(sqlite_url: str, tmp_path: Path) -> None:
+def test_a_rerun_after_the_call_was_taken_over_meanwhile_does_not_run_the_tool(
+    sqlite_url: str, tmp_path: Path, events: list[Event]
+) -> None:
     """The reconciler asks for a rerun, but another worker took the call over while it asked: the
     tool does not run here (it would run twice); the call is another worker's, so this one waits
     for it and gives up with CallInProgressError."""
@@ -343,6 +345,57 @@ def test_a_rerun_after_the_call_was_taken_over_meanwhile_does_not_run_the_tool(s
     assert attempts_in(effects) == ["1"]  # the crashed run only: no second run
     record = ledger.get(key)
     assert record is not None and record.owner == OTHER_WORKER
+    (said,) = [event.message for event in events if event.kind is EventKind.DUPLICATE_DETECTED]
+    assert "asked for a rerun: the tool does not run here" in said and key.thread_id in said
+
+
+class _RenewFails(SqliteLedger):
+    """A real SQLite ledger whose next ``renew`` fails as ``failure`` says, once."""
+
+    failure: BaseException | None = None
+
+    def renew(self, key: CallKey, **kwargs: Any) -> bool:
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            raise failure
+        return super().renew(key, **kwargs)
+
+
+def test_an_interrupt_between_a_rerun_and_the_run_leaves_the_call_in_doubt(sqlite_url: str, tmp_path: Path) -> None:
+    """Interrupted while it checks that the call is still its own (after the reconciler asked for a
+    rerun), a worker leaves the call in doubt, as when the reconciler itself is interrupted: not
+    running under this live process, where every later call would wait for it."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(sqlite_url, effects)
+    ledger = _RenewFails(sqlite_url.removeprefix("sqlite:///"))
+    ledger.failure = KeyboardInterrupt()
+    with tool_call(*key), pytest.raises(KeyboardInterrupt):
+        refund_tool(ledger, effects, in_doubt=lambda call: RERUN)("1042", 59.0)
+    record = ledger.get(key)
+    assert record is not None and (record.status, record.attempt) == (Status.IN_DOUBT, 2)
+    assert attempts_in(effects) == ["1"]
+    with tool_call(*key):  # the next replay settles it: the reconciler asks again, and the tool runs
+        refund_tool(ledger, effects, in_doubt=lambda call: RERUN)("1042", 59.0)
+    assert attempts_in(effects) == ["1", "3"]
+
+
+def test_a_rerun_whose_ownership_cannot_be_read_runs_as_the_takeover_allowed(
+    sqlite_url: str, tmp_path: Path, events: list[Event]
+) -> None:
+    """The ledger fails when the worker checks, after a rerun was asked for, that the call is still
+    its own: the tool runs, as the takeover allowed (its record's write is fenced), and an error
+    event says the check could not be made."""
+    effects = tmp_path / "effects"
+    key = crash_inside_the_tool(sqlite_url, effects)
+    ledger = _RenewFails(sqlite_url.removeprefix("sqlite:///"), retry=RetryPolicy(attempts=1))
+    ledger.failure = sqlite3.OperationalError("disk I/O error")
+    with tool_call(*key):
+        refund_tool(ledger, effects, in_doubt=lambda call: RERUN)("1042", 59.0)
+    assert attempts_in(effects) == ["1", "2"]
+    (said,) = [event.message for event in events if event.kind is EventKind.LEDGER_ERROR]
+    assert "asked for a rerun" in said and "could not be read" in said and key.thread_id in said
+    record = ledger.get(key)
+    assert record is not None and (record.status, record.attempt) == (Status.COMPLETED, 2)
 
 
 def test_an_async_reconciler_of_a_sync_tool_is_refused_cleanly(sqlite_url: str, tmp_path: Path) -> None:
