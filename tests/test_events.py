@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-import sqlite3
 import uuid
 from collections.abc import Callable
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +25,8 @@ from replaysafe import (
     tool_call,
 )
 from replaysafe.ledgers import RetryPolicy
+
+from .faults import drop_ledger_table, take_over_as_another_worker
 
 
 def test_executed_replayed_mismatch_unprotected(memory_ledger: MemoryLedger, events: list[Event]) -> None:
@@ -135,19 +134,12 @@ def test_executed_reaches_a_listener_that_subscribed_while_the_result_was_writte
 
 def _drop_the_table(ledger: SqliteLedger) -> None:
     """The store loses its table (a real failure of the next write: SQLite's own error)."""
-    with closing(sqlite3.connect(ledger.path)) as connection, connection:
-        connection.execute("DROP TABLE tool_executions")
+    drop_ledger_table(ledger.path)
 
 
 def _taken_over_meanwhile(ledger: SqliteLedger) -> None:
     """An operator clears the running call and another worker claims it: this run's write is fenced off."""
-    key = current_call().key
-    assert ledger.delete(key)
-    now = dt.datetime.now(dt.timezone.utc)
-    claimed = ledger.claim(
-        key, tool_name="refund_order", args_digest="other", owner="other-host:1:1#1", now=now, lease_expires_at=now
-    )
-    assert claimed.claimed
+    take_over_as_another_worker(ledger, current_call().key)
 
 
 def _returns_too_much(ledger: SqliteLedger) -> None:

@@ -11,7 +11,6 @@ import sys
 import time
 import uuid
 import warnings
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,8 @@ from replaysafe import (
     tool_call,
 )
 from replaysafe.ledgers import RetryPolicy
+
+from .faults import OTHER_WORKER, drop_ledger_table, take_over_as_another_worker
 
 CHILD = str(Path(__file__).with_name("child.py"))
 
@@ -64,20 +65,6 @@ def refund_tool(ledger: Ledger, effects: Path, **options: Any) -> Any:
 
 def attempts_in(effects: Path) -> list[str]:
     return [line.split()[1] for line in effects.read_text().splitlines()]
-
-
-OTHER_WORKER = "other-host:1:1#1"
-
-
-def take_over_as_another_worker(ledger: Ledger, key: CallKey, *, args_digest: str = "other", lease: float = 0) -> None:
-    """An operator clears the call and another worker claims it (called from a reconciler: meanwhile)."""
-    assert ledger.delete(key)
-    now = dt.datetime.now(dt.timezone.utc)
-    until = now + dt.timedelta(seconds=lease)
-    claimed = ledger.claim(
-        key, tool_name="refund_order", args_digest=args_digest, owner=OTHER_WORKER, now=now, lease_expires_at=until
-    )
-    assert claimed.claimed
 
 
 def test_a_dead_owner_on_this_machine_is_in_doubt_at_once(
@@ -198,8 +185,7 @@ def test_a_reconciled_result_that_cannot_be_written_is_not_said_to_be_recorded(
     ledger = SqliteLedger(sqlite_url.removeprefix("sqlite:///"), retry=RetryPolicy(attempts=1))
 
     def found_then_table_lost(call: CallInfo) -> Any:
-        with closing(sqlite3.connect(ledger.path)) as connection, connection:
-            connection.execute("DROP TABLE tool_executions")
+        drop_ledger_table(ledger.path)
         return "Refunded 59.00 (found at provider)"
 
     with tool_call(*key):
@@ -255,8 +241,7 @@ def test_a_reconciler_that_raises_is_not_reported_as_an_answer(
 
     def raises_after(call: CallInfo) -> Any:
         if meanwhile == "table-lost":
-            with closing(sqlite3.connect(ledger.path)) as connection, connection:
-                connection.execute("DROP TABLE tool_executions")
+            drop_ledger_table(ledger.path)
         else:
             take_over_as_another_worker(ledger, key)
         raise ConnectionError("provider unreachable")

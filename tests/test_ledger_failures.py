@@ -7,7 +7,6 @@ import gc
 import logging
 import sqlite3
 import time
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 from replaysafe import CallKey, LedgerError, SqliteLedger, replay_safe, tool_call
 from replaysafe.ledgers import RedisLedger, RetryPolicy
 
+from .faults import drop_ledger_table
 from .servers import free_port
 
 IDS = ("thread-f", "msg_1", "call_1")
@@ -95,18 +95,13 @@ async def test_unreadable_ledger_fails_closed_for_an_async_tool(
     await unreachable.aio.aclose()
 
 
-def _drop_table(path: Path) -> None:
-    with closing(sqlite3.connect(path)) as connection, connection:
-        connection.execute("DROP TABLE tool_executions")
-
-
 def test_failed_record_write_logs_and_returns_the_result(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A record that cannot be written is logged as an error; the caller still gets the result."""
     ledger = SqliteLedger(tmp_path / "l.db", retry=RetryPolicy(attempts=1))
 
     @replay_safe(ledger=ledger)
     def refund_order(order_id: str) -> str:
-        _drop_table(ledger.path)  # the store loses its table while the tool runs
+        drop_ledger_table(ledger.path)  # the store loses its table while the tool runs
         return "refunded"
 
     with caplog.at_level(logging.ERROR, logger="replaysafe"), tool_call(*IDS):
@@ -120,7 +115,7 @@ def test_failed_record_write_raises_with_the_result_when_fail_closed(tmp_path: P
 
     @replay_safe(ledger=ledger, on_ledger_error="raise")
     def refund_order(order_id: str) -> dict[str, int]:
-        _drop_table(ledger.path)
+        drop_ledger_table(ledger.path)
         return {"refund_id": 7}
 
     with tool_call(*IDS), pytest.raises(LedgerError) as raised:

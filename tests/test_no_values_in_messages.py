@@ -9,10 +9,8 @@ import asyncio
 import datetime as dt
 import functools
 import logging
-import sqlite3
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,8 @@ from replaysafe import (
     tool_call,
 )
 from replaysafe.ledgers import RetryPolicy
+
+from .faults import drop_ledger_table
 
 SECRET = "4111-1111-SECRET-CARD"
 
@@ -198,8 +198,7 @@ def test_ledger_failures_timeouts_and_waits(tmp_path: Path, seen: Seen) -> None:
 
     @replay_safe(ledger=ledger, on_ledger_error="raise")
     def charge(card: str) -> str:
-        with closing(sqlite3.connect(ledger.path)) as connection, connection:
-            connection.execute("DROP TABLE tool_executions")  # the record cannot be written
+        drop_ledger_table(ledger.path)  # the record cannot be written
         return f"charged {card}"
 
     seen.run(call(ids(), charge, SECRET))
