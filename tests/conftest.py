@@ -206,9 +206,58 @@ def ids() -> replaysafe.tool_call:
     return replaysafe.tool_call(f"thread-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
 
 
+#: Workers per core under ``pytest -n auto``: about 40% of the suite's time is spent waiting (on leases, servers
+#: and child processes), so two per core keep the cores busy (measured on 2 cores: 2, 3 and 4 workers).
+WORKERS_PER_CORE = 2
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return WORKERS_PER_CORE * (os.cpu_count() or 1)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Tests assert on replaysafe's own warnings; anything else is an error (pyproject).
     warnings.filterwarnings("default", category=ResourceWarning)
+
+
+def _shared_servers() -> tuple[str, str] | None:
+    """The servers every worker shares (the environment's, else the local ones), if both answer."""
+    postgres = os.environ.get(servers.POSTGRES_ENV) or servers.LOCAL_POSTGRES
+    redis_url = os.environ.get(servers.REDIS_ENV) or servers.LOCAL_REDIS
+    if servers.postgres_answers(postgres) and servers.redis_answers(redis_url):
+        return postgres, redis_url
+    return None
+
+
+_SHARED_BEFORE = pytest.StashKey[tuple[tuple[str, str], set[str]]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # The rule that lets tests run in parallel: each keeps to a schema and key prefix of its own and removes
+    # them. Checked once per run, by the process that runs or distributes every test (not each xdist worker).
+    if hasattr(session.config, "workerinput") or session.config.option.collectonly:
+        return
+    shared = _shared_servers()
+    if shared is not None:
+        session.config.stash[_SHARED_BEFORE] = (shared, servers.shared_state(*shared))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.config.stash.get(_SHARED_BEFORE, None)
+    if before is None or session.testscollected == 0:
+        return
+    shared, found = before
+    left = sorted(servers.shared_state(*shared) - found)
+    if left:
+        listed = "; ".join(left[:10]) + (f"; and {len(left) - 10} more" if len(left) > 10 else "")
+        session.config.get_terminal_writer().line(
+            f"\nthe run left on the shared servers: {listed}. Every test keeps to a schema and a key prefix of "
+            "its own and removes them (the postgres_url and redis_url fixtures), so that tests in parallel "
+            "workers never share a record.",
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

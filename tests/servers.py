@@ -344,3 +344,33 @@ class PostgresWireCounter:
                 server.sendall(data)
         with contextlib.suppress(OSError):
             server.shutdown(socket.SHUT_WR)
+
+
+#: How many Redis keys ``shared_state`` reads at most (the shared server holds only what running tests made).
+SHARED_REDIS_SCAN_LIMIT = 200_000
+
+
+def shared_state(postgres_url: str, redis_url: str) -> set[str]:
+    """What the shared servers hold: each PostgreSQL schema and table outside the system's, each Redis key.
+
+    The suite compares it before and after a run (``tests/conftest.py``): a test keeps to a schema and a
+    key prefix of its own and removes them, so tests in parallel workers never meet, and a run leaves the
+    servers as it found them.
+    """
+    found: set[str] = set()
+    with psycopg.connect(libpq_url(postgres_url), connect_timeout=10, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT n.nspname, c.relname FROM pg_namespace n LEFT JOIN pg_class c ON c.relnamespace = n.oid "
+            "AND c.relkind IN ('r', 'p', 'v', 'm', 'S') WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') "
+            "AND n.nspname NOT LIKE 'pg\\_%'"
+        ).fetchall()
+    found.update(f"postgresql schema {schema}" + (f", table {table}" if table else "") for schema, table in rows)
+    client = redis.Redis.from_url(redis_url, socket_timeout=10)
+    try:
+        for count, name in enumerate(client.scan_iter(count=1000)):
+            if count >= SHARED_REDIS_SCAN_LIMIT:
+                break
+            found.add(f"redis key {name.decode(errors='backslashreplace')}")
+    finally:
+        client.close()
+    return found

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from replaysafe import JsonSerializer, ResultEncodingError
 from replaysafe._codec import ResultDecodingError, reviver_for
 
+from .ids import stable_repr
 from .result_domain import TAG, Aliased, Color, Label, Level, Mode, Perm, Point, Receipt, Sized, assert_exact, values
 
 codec = JsonSerializer()
@@ -65,7 +66,7 @@ REPORTED = [
 ]
 
 
-@pytest.mark.parametrize("value", REPORTED, ids=repr)
+@pytest.mark.parametrize("value", REPORTED, ids=stable_repr)
 def test_reported_cases_round_trip_exactly(value: Any) -> None:
     """The values that came back wrong, or not at all, come back as themselves."""
     assert_exact(codec.loads(codec.dumps(value)), value)

@@ -19,6 +19,7 @@ import replaysafe
 from replaysafe import ResultEncodingError, replay_safe, tool_call
 from replaysafe.ledgers import Ledger
 
+from .ids import stable_repr
 from .result_domain import Color, Label, Perm, Point, Receipt, assert_exact, values
 
 
@@ -80,7 +81,7 @@ ANNOTATED: list[tuple[Any, Any]] = [
 ]
 
 
-@pytest.mark.parametrize(("annotation", "value"), ANNOTATED, ids=repr)
+@pytest.mark.parametrize(("annotation", "value"), ANNOTATED, ids=stable_repr)
 def test_replay_from_sqlite_is_exact_with_annotation(sqlite_ledger: Ledger, annotation: Any, value: Any) -> None:
     """With a return annotation naming the type, the replay is exact too."""
     runs: list[int] = []

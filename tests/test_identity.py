@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replaysafe import ArgumentDigestError, JsonSerializer, _identity, _owners, idempotency_key, replay_safe
-from replaysafe._identity import SignatureDigest, args_digest, key_digest
+from replaysafe._identity import SignatureDigest, args_digest, call_idempotency_key, key_digest
 from replaysafe._json import is_plain
 from replaysafe._owners import owner_alive, owner_token
 
@@ -215,6 +215,37 @@ def test_key_digest_has_no_separator_collisions() -> None:
     """('a:b', 'c') and ('a', 'b:c') are different keys."""
     assert key_digest("a:b", "c", "d") != key_digest("a", "b:c", "d")
     assert len(key_digest("x" * 65536, "y" * 65536, "z" * 65536)) == 64
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (("ab", "c", "d"), ("a", "bc", "d")),  # ids run together would be "abcd" both times
+        (("a", "bc", "d"), ("a", "b", "cd")),
+        (("", "ab", "c"), ("a", "b", "c")),
+        (("a", "", "bc"), ("a", "b", "c")),
+        (("t", "m", ""), ("t", "", "m")),
+    ],
+)
+def test_key_digest_keeps_each_id_apart(first: tuple[str, str, str], second: tuple[str, str, str]) -> None:
+    """Ids whose characters run together alike are still different calls, and keys handed to providers differ too."""
+    assert key_digest(*first) != key_digest(*second)
+    assert call_idempotency_key(*first, "refund") != call_idempotency_key(*second, "refund")
+    assert idempotency_key(*first) != idempotency_key(*second)
+
+
+def test_key_digest_and_idempotency_keys_are_pinned() -> None:
+    """The stored key of a call and the key handed to its provider never change across releases: both are found
+    again through them (a record written by an older release, a provider's deduplication window)."""
+    # The SHA-256 of the ids as a compact JSON array: each id quoted, so none can run into the next.
+    assert hashlib.sha256(b'["t1","msg_7","call_1"]').hexdigest() == KEY_DIGEST_T1
+    assert key_digest("t1", "msg_7", "call_1") == KEY_DIGEST_T1
+    assert (
+        call_idempotency_key("t1", "msg_7", "call_1", "refund_order") == "rs-225fb01a796e931b76a3ac3e78ea7616fdec479a"
+    )
+
+
+KEY_DIGEST_T1 = "16e31117b3b3765e2e1bf655848454ddbe2caab0595e65db52d49e9e1d0acf82"
 
 
 @settings(max_examples=300)

@@ -26,7 +26,8 @@ import tomllib
 from .test_docs_code import ROOT, SHELL, assert_ran, blocks_of, run_bash
 
 # Building seven projects and installing every adapter's framework takes minutes, more on a loaded machine.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+# One worker runs them all under pytest-xdist, so the distributions are built once per run.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.xdist_group("packaging")]
 
 PROJECTS = [ROOT, *sorted(path.parent for path in ROOT.glob("integrations/*/pyproject.toml"))]
 #: Extras that are tooling for working on a project, not features a user installs.

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
 import sqlite3
+import types
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +22,12 @@ from replaysafe import (
     Event,
     EventKind,
     MemoryLedger,
+    Record,
     RecordedToolError,
     SqliteLedger,
     Status,
     TamperedRecordError,
+    _sealing,
     on_event,
     open_ledger,
     replay_safe,
@@ -34,6 +39,7 @@ from . import servers
 
 KEY_A = "a-signing-key-of-32-bytes-000000"
 KEY_B = "b-signing-key-of-32-bytes-111111"
+NOW = datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
 Tamper = Callable[[Ledger, CallKey, dict[str, Any]], None]
 
 
@@ -309,6 +315,43 @@ def _digest(ledger: Ledger, order_id: str) -> str:
     with tool_call(*key):
         refund(ledger, [])(order_id)
     return ledger.get(key).args_digest  # type: ignore[union-attr]
+
+
+def test_seals_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every comparison of a stored seal with the one expected goes through ``hmac.compare_digest``: an ``==`` stops
+    at the first differing character, and its timing tells a forger how much of a seal was right."""
+    compared: list[tuple[str, str]] = []
+
+    def compare_digest(a: str, b: str) -> bool:
+        compared.append((a, b))
+        return hmac.compare_digest(a, b)
+
+    monkeypatch.setattr(_sealing, "hmac", types.SimpleNamespace(new=hmac.new, compare_digest=compare_digest))
+    sealer = _sealing.Sealer([KEY_B, KEY_A])
+    key = new_key()
+    stored = _sealing.Sealer([KEY_A]).seal(key, "refund_order", "d" * 64, Status.COMPLETED, '"refunded"')
+
+    def record(result: str) -> Record:
+        return Record(
+            key=key,
+            tool_name="refund_order",
+            args_digest="d" * 64,
+            status=Status.COMPLETED,
+            result=result,
+            owner="a#1",
+            attempt=1,
+            created_at=NOW,
+            updated_at=NOW,
+            lease_expires_at=NOW,
+        )
+
+    assert sealer.open(record(stored)) == '"refunded"'
+    assert len(compared) == 2  # KEY_B's seal did not match, KEY_A's did: both compared in constant time
+    compared.clear()
+    forged = stored[: len("rs-seal-1:")] + "0" * 64 + stored[len("rs-seal-1:") + 64 :]
+    with pytest.raises(TamperedRecordError):
+        sealer.open(record(forged))
+    assert [a for a, _ in compared] == ["0" * 64, "0" * 64]
 
 
 def test_key_rotation(signed: Any) -> None:

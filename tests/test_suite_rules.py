@@ -10,10 +10,12 @@ import os
 import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from . import servers
 from .conftest import ALLOW_SKIP_ENV
@@ -96,3 +98,35 @@ def test_a_hanging_test_fails_instead_of_hanging(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert " Timeout " in done.stdout, done.stdout
     assert "test_never_returns" in done.stdout, done.stdout
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """Each step of the README's second command stands in .ci/run as written (CI adds only its reports)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = readme.split("```sh notest\n")[2].split("\n```", 1)[0].strip()
+    assert "pytest" in command, command
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    for step in command.split(" && "):
+        assert f"{step} " in script or f"{step};" in script or f"{step}\n" in script, f"{step!r} is not in .ci/run"
+
+
+def test_a_run_that_leaves_a_key_on_a_shared_server_fails(tmp_path: Path) -> None:
+    """The rule that lets tests run in parallel is checked every run: a test that writes outside a prefix of its own
+    (or leaves it behind) fails the run, naming what it left."""
+    leaked = f"rs-rule-check-{uuid.uuid4().hex[:12]}"
+    redis_url = os.environ.get(servers.REDIS_ENV) or servers.LOCAL_REDIS
+    test = tmp_path / "test_leaks.py"
+    test.write_text(
+        f"import redis\ndef test_leaks():\n    redis.Redis.from_url({redis_url!r}).set({leaked!r}, b'1')\n",
+        encoding="utf-8",
+    )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        # The suite's own conftest, on a test file outside it: -p loads it as a plugin.
+        result = run_pytest("-p", "tests.conftest", "--rootdir", str(ROOT), str(test), env=os.environ.copy())
+    finally:
+        client.delete(leaked)
+        client.close()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 passed" in result.stdout, result.stdout
+    assert f"the run left on the shared servers: redis key {leaked}" in result.stdout, result.stdout

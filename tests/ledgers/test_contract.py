@@ -128,6 +128,21 @@ def test_takeover_is_compare_and_set(ledger: Ledger) -> None:
     assert not ledger.complete(key, owner="a#1", status=Status.COMPLETED, result="1", now=later)
 
 
+def test_takeover_from_a_stale_read_of_a_call_its_owner_finished_loses(ledger: Ledger) -> None:
+    """A takeover decided on a running record its owner completed meanwhile changes nothing: same owner, same
+    attempt, only the status moved, so the takeover's status check alone keeps the recorded result (a takeover
+    that won would run the tool a second time)."""
+    key = new_key()
+    running = claim(ledger, key, owner="a#1").record
+    assert ledger.complete(key, owner="a#1", status=Status.COMPLETED, result='"refunded"', now=NOW)
+    later = NOW + timedelta(seconds=400)
+    assert ledger.takeover(running, owner="b#1", now=later, lease_expires_at=later + timedelta(seconds=330)) is None
+    stored = ledger.get(key)
+    assert stored is not None
+    assert (stored.status, stored.owner, stored.attempt) == (Status.COMPLETED, "a#1", 1)
+    assert stored.result is not None and stored.result.endswith('"refunded"')
+
+
 def test_takeover_of_an_in_doubt_record(ledger: Ledger) -> None:
     """A record its owner marked in doubt can be taken over."""
     key = new_key()
