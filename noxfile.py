@@ -34,7 +34,6 @@ INTERPRETER_SLICE = [
     "tests/test_codec_properties.py",
     "tests/test_identity.py",
     "tests/test_keys.py",
-    "tests/test_key_vectors.py",
     "tests/test_decorator.py",
     "tests/test_semantics.py",
     "tests/test_steps.py",
