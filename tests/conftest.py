@@ -252,9 +252,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if left:
         listed = "; ".join(left[:10]) + (f"; and {len(left) - 10} more" if len(left) > 10 else "")
         session.config.get_terminal_writer().line(
-            f"\nthe run left on the shared servers: {listed}. Every test keeps to a schema and a key prefix of "
-            "its own and removes them (the postgres_url and redis_url fixtures), so that tests in parallel "
-            "workers never share a record.",
+            f"\nthe run left on the shared servers, outside any test's own namespace: {listed}. Every test keeps "
+            "to a schema and a key prefix of its own (the postgres_url and redis_url fixtures), so that tests in "
+            "parallel workers never share a record.",
             red=True,
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -13,6 +13,7 @@ import contextlib
 import glob
 import os
 import pwd
+import re
 import shutil
 import socket
 import struct
@@ -348,14 +349,18 @@ class PostgresWireCounter:
 
 #: How many Redis keys ``shared_state`` reads at most (the shared server holds only what running tests made).
 SHARED_REDIS_SCAN_LIMIT = 200_000
+#: A namespace of one test's own: a schema or key prefix named ``rs`` then a word or two and a random hex token
+#: (``rs_1f2e3d4c5b6a``, ``rs-test-1f2e3d4c5b6a``, ``rs_langgraph_...``), at the start of a name or of a part of a
+#: Redis key. Several runs may share the servers at once, so what is in such a namespace is another test's.
+PER_TEST_NAMESPACE = re.compile(r"(?:\A|:)rs[_-](?:[a-z]+[_-])*[0-9a-f]{12}")
 
 
 def shared_state(postgres_url: str, redis_url: str) -> set[str]:
-    """What the shared servers hold: each PostgreSQL schema and table outside the system's, each Redis key.
+    """What the shared servers hold outside the tests' own namespaces: PostgreSQL schemas and tables outside the
+    system's, and Redis keys.
 
-    The suite compares it before and after a run (``tests/conftest.py``): a test keeps to a schema and a
-    key prefix of its own and removes them, so tests in parallel workers never meet, and a run leaves the
-    servers as it found them.
+    The suite compares it before and after a run (``tests/conftest.py``): a test keeps to a schema and a key
+    prefix of its own (``PER_TEST_NAMESPACE``), so tests in parallel workers never share a record.
     """
     found: set[str] = set()
     with psycopg.connect(libpq_url(postgres_url), connect_timeout=10, autocommit=True) as conn:
@@ -364,13 +369,19 @@ def shared_state(postgres_url: str, redis_url: str) -> set[str]:
             "AND c.relkind IN ('r', 'p', 'v', 'm', 'S') WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') "
             "AND n.nspname NOT LIKE 'pg\\_%'"
         ).fetchall()
-    found.update(f"postgresql schema {schema}" + (f", table {table}" if table else "") for schema, table in rows)
+    found.update(
+        f"postgresql schema {schema}" + (f", table {table}" if table else "")
+        for schema, table in rows
+        if not PER_TEST_NAMESPACE.search(schema)
+    )
     client = redis.Redis.from_url(redis_url, socket_timeout=10)
     try:
-        for count, name in enumerate(client.scan_iter(count=1000)):
+        for count, raw in enumerate(client.scan_iter(count=1000)):
             if count >= SHARED_REDIS_SCAN_LIMIT:
                 break
-            found.add(f"redis key {name.decode(errors='backslashreplace')}")
+            name = raw.decode(errors="backslashreplace")
+            if not PER_TEST_NAMESPACE.search(name):
+                found.add(f"redis key {name}")
     finally:
         client.close()
     return found

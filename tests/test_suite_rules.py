@@ -113,7 +113,7 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_a_run_that_leaves_a_key_on_a_shared_server_fails(tmp_path: Path) -> None:
     """The rule that lets tests run in parallel is checked every run: a test that writes outside a prefix of its own
     (or leaves it behind) fails the run, naming what it left."""
-    leaked = f"rs-rule-check-{uuid.uuid4().hex[:12]}"
+    leaked = f"replaysafe-rule-check:{uuid.uuid4()}"  # outside any test's own namespace
     redis_url = os.environ.get(servers.REDIS_ENV) or servers.LOCAL_REDIS
     test = tmp_path / "test_leaks.py"
     test.write_text(
@@ -129,4 +129,4 @@ def test_a_run_that_leaves_a_key_on_a_shared_server_fails(tmp_path: Path) -> Non
         client.close()
     assert result.returncode == 1, result.stdout + result.stderr
     assert "1 passed" in result.stdout, result.stdout
-    assert f"the run left on the shared servers: redis key {leaked}" in result.stdout, result.stdout
+    assert f"outside any test's own namespace: redis key {leaked}" in result.stdout, result.stdout
