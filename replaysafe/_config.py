@@ -75,6 +75,11 @@ def set_default_ledger(ledger: Ledger | None) -> None:
     _default = ledger
 
 
+def explicit_default_ledger() -> Ledger | None:
+    """The ledger ``set_default_ledger`` set, if any (not the one ``REPLAYSAFE_LEDGER_URL`` would open)."""
+    return _default
+
+
 def default_ledger() -> Ledger | None:
     """The ledger set by ``set_default_ledger``, else the one ``REPLAYSAFE_LEDGER_URL`` names."""
     if _default is not None:

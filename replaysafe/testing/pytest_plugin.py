@@ -10,22 +10,26 @@ from collections.abc import Iterator
 
 import pytest
 
+from .. import _config
 from .._config import set_default_ledger
 from ..ledgers import MemoryLedger
 from ._calls import CallLog, record_calls
-from ._state import reset
 
 
 @pytest.fixture
 def replaysafe_ledger() -> Iterator[MemoryLedger]:
-    """A fresh ``MemoryLedger``, the default ledger for this test; replaysafe is reset after it."""
-    reset()
+    """A fresh ``MemoryLedger``, the default ledger for this test; the default it found is put back after it.
+
+    Only the default ledger changes: the application's own (``set_default_ledger`` or the one
+    ``REPLAYSAFE_LEDGER_URL`` opened) protects its tools again in every later test.
+    """
+    found = _config.explicit_default_ledger()
     ledger = MemoryLedger()
     set_default_ledger(ledger)
     try:
         yield ledger
     finally:
-        reset()
+        set_default_ledger(found)
         ledger.close()
 
 

@@ -42,6 +42,27 @@ def test_without_the_fixture_nothing_is_set():
     assert _config.default_ledger() is None
 
 
+def test_the_application_sets_its_default_ledger():
+    from replaysafe import MemoryLedger, set_default_ledger
+    global APP_LEDGER
+    APP_LEDGER = MemoryLedger()
+    set_default_ledger(APP_LEDGER)
+
+
+def test_the_fixture_replaces_it_for_one_test(replaysafe_ledger):
+    from replaysafe import _config
+    assert _config.default_ledger() is replaysafe_ledger
+
+
+def test_the_application_ledger_protects_the_tests_after_it():
+    from replaysafe import _config, set_default_ledger
+    assert _config.default_ledger() is APP_LEDGER
+    with tool_call("t2", "m1", "c1"):
+        refund_order("o-2")
+    assert len(list(APP_LEDGER.records())) == 1
+    set_default_ledger(None)
+
+
 def agent(url, path):
     from replaysafe import open_ledger
     @replay_safe(ledger=open_ledger(url))
@@ -77,4 +98,4 @@ def test_a_sample_project_uses_the_fixtures_without_configuration(tmp_path: Path
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "4 passed" in done.stdout
+    assert "7 passed" in done.stdout
