@@ -269,19 +269,32 @@ class _Tool:
 
     def _missing_ids(self, scope: CallScope | None, needed: str = "") -> None:
         key = scope.key if scope is not None else None
-        missing = needed + ("no tool_call(...) is set" if key is None else f"empty ids in ({key})")
-        fix = scope.missing_ids_fix if scope is not None else None
-        message = f"{self.spec.name} ran WITHOUT replay protection: {missing}. " + (
-            fix
-            or "Wrap the call in replaysafe.tool_call(thread_id, message_id, tool_call_id), or use an adapter "
-            "that does."
-        )
+        if key is None:
+            missing = needed + "no tool_call(...) is set"
+            default_fix = (
+                "Wrap the call in replaysafe.tool_call(thread_id, message_id, tool_call_id), or use an adapter "
+                "that does."
+            )
+        else:
+            empty = " and ".join(field for field, value in zip(_ID_FIELDS, key, strict=True) if not value)
+            missing = needed + f"the call's {empty} is empty ({key})"
+            default_fix = (
+                f"Pass tool_call(...) the {empty} the framework gave the call, or key the tool by its arguments "
+                '(@replay_safe(key="args")) or by a business key (@replay_safe(key=function)).'
+            )
+        fix = (scope.missing_ids_fix if scope is not None else None) or default_fix
         if self.on_missing_ids == "raise":
+            message = f"{self.spec.name} did not run: {missing}, so the call has no identity to protect it. {fix}"
             raise MissingCallIdError(message, tool_name=self.spec.name, key=key)
+        message = f"{self.spec.name} ran WITHOUT replay protection: {missing}. {fix}"
         emit(EventKind.UNPROTECTED, message, tool_name=self.spec.name, key=key, level=10)
         if self.warned_missing != _config.generation:
             self.warned_missing = _config.generation
             warnings.warn(message, UnprotectedCallWarning, stacklevel=_callers_level())
+
+
+#: The three ids of ``tool_call(...)``, in order (named in the message when one is empty).
+_ID_FIELDS = ("thread_id", "message_id", "tool_call_id")
 
 
 class _Binder:

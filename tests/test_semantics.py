@@ -523,6 +523,41 @@ def test_missing_ids_raise_when_asked(ledger: Ledger) -> None:
     assert runs == []
 
 
+@pytest.mark.parametrize(
+    ("ids", "named"),
+    [(("t", "", "c"), "message_id"), (("", "m", "c"), "thread_id"), (("t", "", ""), "message_id and tool_call_id")],
+)
+def test_a_raised_missing_id_names_the_empty_id_and_says_nothing_ran(
+    memory_ledger: Ledger, ids: tuple[str, str, str], named: str
+) -> None:
+    """Inside tool_call(...) with an empty id, the error names that id and says the tool did not run: it does not
+    tell the user to wrap a call that is wrapped, nor that a tool ran that did not."""
+    runs: list[int] = []
+
+    @replay_safe(ledger=memory_ledger, on_missing_ids="raise")
+    def refund_order(order_id: str) -> str:
+        runs.append(1)
+        return "ok"
+
+    with tool_call(*ids), pytest.raises(MissingCallIdError) as raised:
+        refund_order("1")
+    assert runs == []
+    message = str(raised.value)
+    assert message.startswith("refund_order did not run: ")
+    assert f"the call's {named} is empty" in message
+    assert "WITHOUT" not in message and "Wrap the call" not in message
+    assert 'key="args"' in message
+
+
+def test_a_missing_scope_raised_says_nothing_ran_and_to_wrap_the_call(memory_ledger: Ledger) -> None:
+    @replay_safe(ledger=memory_ledger, on_missing_ids="raise")
+    def refund_order(order_id: str) -> str:
+        return "ok"
+
+    with pytest.raises(MissingCallIdError, match=r"refund_order did not run: no tool_call\(...\) is set.*Wrap"):
+        refund_order("1")
+
+
 def test_no_ledger_runs_plain_with_one_warning_per_tool() -> None:
     """With no ledger anywhere the tool is a plain function, with one warning per tool (not one per process)."""
 

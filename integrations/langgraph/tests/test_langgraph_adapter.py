@@ -487,7 +487,7 @@ def test_without_a_thread_id_the_call_runs_unprotected_with_a_warning(ledger: Sq
     model = scripted(tool_call_message(1, "refund_order", {"order_id": "A1"}), final_answer(1))
     node = replay_safe_tool_node(make_tools(effects), ledger=ledger)
     graph = state_graph(model, node, None)
-    with pytest.warns(UnprotectedCallWarning, match="empty ids"):
+    with pytest.warns(UnprotectedCallWarning, match="the call's thread_id is empty"):
         graph.invoke(ask(1))
     assert effects == ["refund_order A1"]
     assert list(ledger.records()) == []
