@@ -35,6 +35,7 @@ from replaysafe import (
     ReplayMismatchError,
     SqliteLedger,
     Status,
+    UnprotectedCallWarning,
     replay_safe,
 )
 from replaysafe_openai_agents import context_field, group_id, replay_safe_agent
@@ -175,9 +176,37 @@ async def test_an_item_id_equal_to_the_call_id_is_not_used_as_message_id(
     with pytest.raises(UserError, match="Error running tool refund_order") as raised:
         await Runner.run(strict, "go", run_config=RUN_CONFIG)
     assert isinstance(raised.value.__cause__, MissingCallIdError)
-    assert "message_id=''" in str(raised.value.__cause__)
+    message = str(raised.value.__cause__)
+    assert "message_id=''" in message
+    # The cause and the remedy, not the generic advice to use an adapter (the adapter is in use).
+    assert "the call's message_id is empty" in message
+    assert "output item holding the call has no id" in message
+    assert 'key="args"' in message
+    assert "use an adapter" not in message
     assert effects(effects_path) == []
     assert list(ledger.records()) == []
+
+
+async def test_a_call_without_an_item_id_warns_with_its_cause_once(ledger: SqliteLedger, effects_path: Path) -> None:
+    """Under the default on_missing_ids="warn" the tool runs unprotected, and the warning names the model's output
+    as the cause and key="args" as the remedy."""
+
+    def refund_order(order_id: str) -> str:
+        effects_path.write_text(f"refund {order_id}\n")
+        return "refunded"
+
+    step = ModelStep(output=[function_call("refund_order", {"order_id": "A1"}, call_id="call_1")], response_id="r1")
+    agent: Agent[Any] = Agent(
+        name="plain", model=ScriptedModel([step, done_step(1)]), tools=[function_tool(refund_order)]
+    )
+    with pytest.warns(UnprotectedCallWarning) as warned:
+        await Runner.run(replay_safe_agent(agent, ledger, thread_id=THREAD), "go", run_config=RUN_CONFIG)
+    assert len(warned) == 1
+    message = str(warned[0].message)
+    assert "output item holding the call has no id" in message
+    assert 'key="args"' in message
+    assert "use an adapter" not in message
+    assert effects(effects_path) == ["refund A1"]
 
 
 def chat_completion(number: int, message: dict[str, Any]) -> dict[str, Any]:

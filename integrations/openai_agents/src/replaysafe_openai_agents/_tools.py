@@ -58,6 +58,16 @@ def message_id(ctx: ToolContext[Any]) -> str | None:
     return response_id if isinstance(response_id, str) and response_id else None
 
 
+#: What the message about a call with a missing id tells the user (the adapter is in use: the cause is elsewhere).
+MISSING_IDS_FIX = (
+    "A message id is missing when the model's output item holding the call has no id of its own: none, the "
+    'placeholder "__fake_id__" with no response id, or an id equal to the call id (as test models and some '
+    'gateways give). Key the tool by its arguments (@replay_safe(key="args"), or key="args" in the adapter\'s '
+    "options) or by a business key (key=function). A thread id is missing when thread_id= finds none in the "
+    "context or the RunConfig."
+)
+
+
 def call_key(ctx: ToolContext[Any], thread_id: ThreadId) -> CallKey:
     """``(thread_id, message_id, tool_call_id)`` of the call; an id that cannot be found is ``""``."""
     thread = thread_id if isinstance(thread_id, str) else thread_id(ctx)
@@ -159,7 +169,7 @@ def _protect(
 ) -> Invoker:
     @functools.wraps(invoke)  # keeps the SDK's markers (argument preparation, wrapped callable)
     async def invoke_once(ctx: ToolContext[Any], arguments: str) -> Any:
-        async with tool_call(*call_key(ctx, thread_id), ledger=ledger, pauses=pauses):
+        async with tool_call(*call_key(ctx, thread_id), ledger=ledger, pauses=pauses, missing_ids_fix=MISSING_IDS_FIX):
             if decorated:
                 return await invoke(ctx, arguments)
             protected = replay_safe(name=tool_name, exclude_args=("ctx", "invoke"), **options)(_execute)
