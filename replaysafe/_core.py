@@ -503,8 +503,11 @@ def _protocol(
             raise error
         if verdict is _IN_DOUBT or verdict is _RESUME:
             # A paused call is taken over as an in-doubt one is, without asking the policy:
-            # its owner stopped on purpose, at a point where nothing was left half done.
+            # its owner stopped on purpose, at a point where nothing was left half done. So its
+            # seal is checked first: a record flipped to paused would run a finished call again.
             policy: InDoubt = "rerun"
+            if verdict is _RESUME and sealer is not None:
+                _trusted_text(spec, host, record, sealer)
             if verdict is _IN_DOUBT:
                 policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
                 _report_in_doubt(spec, host, record, policy)
@@ -912,8 +915,8 @@ def _finish(
     ``reconciling``: the write is a reconciler's, made without running the tool."""
     key, owner, host = run.call.key, run.owner, run.host
     assert owner is not None
-    # A finished record is sealed even without a result: on read, an unsealed one is a forgery.
-    if run.sealer is not None and (encoded is not None or status not in (Status.IN_DOUBT, Status.PAUSED)):
+    # A finished or paused record is sealed even without a result: on read, an unsealed one is a forgery.
+    if run.sealer is not None and (encoded is not None or status is not Status.IN_DOUBT):
         encoded = run.sealer.seal(key, spec.name, run.args_digest, status, encoded)
     try:
         recorded = yield new_tuple(Complete, (key, owner, status, encoded, host.now()))

@@ -39,7 +39,7 @@ from ._keys import step_parent
 from ._operations import _reason as error_text
 from ._owners import owner_alive
 from ._records import CallKey, Record, Status
-from ._sealing import FINISHED, SIGNING_KEY_ENV, is_sealed, unsealed
+from ._sealing import FINISHED, SEALED, SIGNING_KEY_ENV, is_sealed, unsealed
 from .ledgers import Ledger, open_ledger
 from .ledgers._protocol import diagnose
 
@@ -509,7 +509,7 @@ _CHECKS = {
 
 def _decoded(ledger: Ledger, record: Record) -> tuple[str, Any]:
     """(a key of ``_CHECKS``, value) of a record's result: only a seal checked with the key is "ok"."""
-    if record.result is None and record.status not in FINISHED:
+    if record.result is None and (record.status not in SEALED or ledger.sealer is None):
         return "none", None
     if ledger.sealer is not None:
         try:

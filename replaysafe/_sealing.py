@@ -1,11 +1,12 @@
 """Tamper-evident records: an HMAC over what a replay would trust.
 
 Anyone who can write to the ledger's store could otherwise make a protected tool
-"return" a forged result without running. With a signing key, every finished
-(completed or failed) record's result is stored as ``rs-seal-1:<hmac>:<encoded result>``
-(``rs-seal-1:<hmac>`` when it has none), the HMAC-SHA256 covering the call key, tool
-name, argument digest, status and encoded result (or its absence). A finished record
-whose seal does not check, or that has no seal at all, is never returned as a result.
+"return" a forged result without running, or run a finished call again. With a signing
+key, every finished (completed or failed) or paused record's result is stored as
+``rs-seal-1:<hmac>:<encoded result>`` (``rs-seal-1:<hmac>`` when it has none), the
+HMAC-SHA256 covering the call key, tool name, argument digest, status and encoded result
+(or its absence). A finished record whose seal does not check, or that has no seal at all,
+is never returned as a result; a paused one is never resumed.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ from ._records import CallKey, Record, Status
 
 SIGNING_KEY_ENV = "REPLAYSAFE_SIGNING_KEY"
 _PREFIX = "rs-seal-1:"
-#: The statuses whose record a replay trusts: each is sealed, result or not.
+#: The finished statuses: a replay returns or raises what their record holds.
 FINISHED = frozenset({Status.COMPLETED, Status.FAILED})
+#: The statuses whose record a replay trusts, each sealed, result or not: the finished ones, and ``PAUSED``,
+#: which lets the next call run the tool again without asking the in-doubt policy (a record flipped to paused
+#: would otherwise run a completed call a second time).
+SEALED = FINISHED | {Status.PAUSED}
 
 
 class Sealer:
@@ -67,10 +72,11 @@ class Sealer:
     def open(self, record: Record) -> str | None:
         """The record's encoded result, if its seal checks; else ``TamperedRecordError``.
 
-        A finished record must carry a seal even when it has no result: otherwise whoever
-        can write the store could stop a tool from running and hand its caller ``None``.
+        A finished or paused record must carry a seal even when it has no result: otherwise whoever
+        can write the store could stop a tool from running and hand its caller ``None``, or run a
+        completed call again by marking it paused.
         """
-        if record.result is None and record.status not in FINISHED:
+        if record.result is None and record.status not in SEALED:
             return None  # running or in doubt: nothing a replay would trust
         mac, encoded = (None, None) if record.result is None else _split(record.result)
         if mac is not None:

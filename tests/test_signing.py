@@ -189,6 +189,70 @@ def test_a_forged_unsealed_result_is_refused(signed: Any) -> None:
         refund(ledger, runs)("1")
 
 
+class NeedsApproval(Exception):
+    """A pause: the tool stops for a human."""
+
+
+def approval_gated(ledger: Ledger, runs: list[str], approved: list[bool]) -> Any:
+    @replay_safe(ledger=ledger, pause_on=NeedsApproval, in_doubt="raise")
+    def refund_order(order_id: str) -> str:
+        if not approved:
+            raise NeedsApproval(order_id)
+        runs.append(order_id)
+        return f"refunded {order_id}"
+
+    return refund_order
+
+
+def test_a_paused_record_is_sealed_and_resumes(signed: Any) -> None:
+    """A pause is sealed like a finished record; the approved resume checks it and runs the tool once."""
+    ledger, _, _ = signed
+    runs: list[str] = []
+    approved: list[bool] = []
+    key = new_key()
+    with tool_call(*key), pytest.raises(NeedsApproval):
+        approval_gated(ledger, runs, approved)("1")
+    paused = ledger.get(key)
+    assert paused is not None
+    assert paused.status is Status.PAUSED
+    assert paused.result is not None and paused.result.startswith("rs-seal-1:")
+    approved.append(True)
+    with tool_call(*key):
+        assert approval_gated(ledger, runs, approved)("1") == "refunded 1"
+    assert runs == ["1"]
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        pytest.param({"status": "paused"}, id="completed-flipped-to-paused"),
+        pytest.param({"status": "paused", "result": None}, id="completed-replaced-by-an-unsealed-pause"),
+    ],
+)
+def test_a_completed_call_forged_paused_is_refused_and_never_runs_again(signed: Any, forgery: dict[str, Any]) -> None:
+    """A store writer who marks a completed call paused would make the next replay run the tool again without
+    asking the in-doubt policy (here "raise"): the pause's seal does not check, so nothing runs."""
+    ledger, tamper, _ = signed
+    runs: list[str] = []
+    approved = [True]
+    key = new_key()
+    with tool_call(*key):
+        assert approval_gated(ledger, runs, approved)("1") == "refunded 1"
+    tamper(ledger, key, forgery)
+    seen: list[Event] = []
+    unsubscribe = on_event(seen.append)
+    try:
+        with tool_call(*key), pytest.raises(TamperedRecordError, match="fails its seal check"):
+            approval_gated(ledger, runs, approved)("1")
+    finally:
+        unsubscribe()
+    assert runs == ["1"]
+    assert [event.kind for event in seen] == [EventKind.TAMPERED]
+    stored = ledger.get(key)
+    assert stored is not None
+    assert stored.status is Status.PAUSED  # left as found, for an operator to inspect
+
+
 def test_a_status_flip_is_refused(signed: Any) -> None:
     """Turning a recorded failure into a success breaks the seal (status is covered)."""
     ledger, tamper, _ = signed
