@@ -18,6 +18,7 @@ call; streaming tools run their chunks between the two phases.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -832,6 +833,10 @@ def _record_unrecordable(spec: ToolSpec, run: Run, result: Any, marker: str, why
         raise ResultEncodingError(message, tool_name=spec.name, key=key, idempotency_key=idempotency_key, result=result)
 
 
+#: Set on an exception that paused a protected call, so that the calls it passes through pause too.
+_PAUSED_BELOW = "__replaysafe_paused__"
+
+
 def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException) -> Generator[Effect, Any, None]:
     """Record how a run that raised ended. Never raises: the tool's exception wins."""
     if run.owner is None:
@@ -842,10 +847,14 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         if exc.still_running:
             return  # the claim stays: the tool may still finish and record its result
         yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
-    elif isinstance(exc, scope.pauses):
+    elif isinstance(exc, scope.pauses) or getattr(exc, _PAUSED_BELOW, False):
         # A pause (human in the loop) is not an outcome: the call is kept as paused, with its
         # completed steps, for the resume. Checked before the BaseException rule below: some
-        # frameworks' pauses are BaseExceptions (10xGraph's GraphInterrupt).
+        # frameworks' pauses are BaseExceptions (10xGraph's GraphInterrupt). A pause that a step
+        # recorded pauses every call it passes through on its way up, whatever their pause_on:
+        # recorded as a parent's failure, it would make the approved resume raise it forever.
+        with contextlib.suppress(AttributeError, TypeError):  # an exception that takes no attribute
+            setattr(exc, _PAUSED_BELOW, True)
         yield from _finish(spec, run, Status.PAUSED, None, fail_closed=False)
         run.host.emit(
             EventKind.PAUSED,

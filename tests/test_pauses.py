@@ -134,6 +134,40 @@ def test_a_pause_inside_a_step_pauses_the_step_and_its_parent(ledger: Ledger) ->
     assert effects == ["reserve", "ask", "ask"]
 
 
+def test_a_pause_of_a_step_alone_pauses_its_parent_not_fails_it(ledger: Ledger) -> None:
+    """pause_on= on the step only, record_errors=True on the parent: the step's pause still pauses the parent (not
+    its recorded failure, which would make the approved resume raise forever), and the refund made before the
+    pause runs once across the pause and the resume."""
+    effects: list[str] = []
+    answers = iter([None, "approved"])
+
+    @replay_safe(ledger=ledger)
+    def refund() -> str:
+        effects.append("refund")
+        return "refunded"
+
+    @replay_safe(ledger=ledger, pause_on=NeedsApproval)
+    def ask() -> str:
+        answer = next(answers)
+        if answer is None:
+            raise NeedsApproval("waiting")
+        return answer
+
+    @replay_safe(ledger=ledger, record_errors=True)
+    def refund_with_approval() -> str:
+        return refund() + " " + ask()
+
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(NeedsApproval):
+        refund_with_approval()
+    parent = ledger.get(CallKey(*ids))
+    assert parent is not None
+    assert parent.status is Status.PAUSED
+    with tool_call(*ids):
+        assert refund_with_approval() == "refunded approved"
+    assert effects == ["refund"]
+
+
 async def test_an_async_tool_pauses_and_resumes(ledger: Ledger) -> None:
     effects: list[str] = []
     answers = iter([None, "ok"])
