@@ -139,6 +139,13 @@ class RunningCall(CallInfo):
             counter = ordinals.setdefault(tool_name, itertools.count(1))
         return next(counter)  # type: ignore[no-any-return]
 
+    def next_request_ordinal(self) -> int:
+        """1 for this execution's first keyed HTTP request, then 2, 3...; thread-safe (``replaysafe.http``)."""
+        counter = self.__dict__.get("_requests")
+        if counter is None:
+            counter = self.__dict__.setdefault("_requests", itertools.count(1))  # one winner among threads
+        return next(counter)  # type: ignore[no-any-return]
+
     def __repr__(self) -> str:
         return "CallInfo" + super().__repr__().removeprefix(type(self).__name__)
 

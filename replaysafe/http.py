@@ -21,14 +21,10 @@ neither, and this module imports ``requests`` only when ``IdempotencyKeyAdapter`
 
 from __future__ import annotations
 
-import collections
-import contextvars
-import itertools
-import threading
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._context import CallInfo, current_call_or_none
+from ._context import CallInfo, RunningCall, current_call_or_none
 
 if TYPE_CHECKING:
     from ._http_requests import IdempotencyKeyAdapter
@@ -52,43 +48,18 @@ HEADER = "Idempotency-Key"
 METHODS = frozenset({"POST", "PATCH"})
 
 
-class _Ordinals:
-    """The requests keyed so far in one execution of a protected call."""
-
-    __slots__ = ("call", "counter")
-
-    def __init__(self, call: CallInfo) -> None:
-        self.call = call
-        # next() on itertools.count is atomic: threads of one execution never share an ordinal.
-        self.counter = itertools.count(1)
-
-
-# One execution is one CallInfo object: the drivers make a new one for every attempt, so the
-# ordinals restart at 1 on attempt 2 and it sends the same keys as attempt 1.
-_ordinals: contextvars.ContextVar[_Ordinals | None] = contextvars.ContextVar("replaysafe_http_ordinals", default=None)
-# Tasks a tool starts (asyncio.gather, a TaskGroup) each get a copy of its context: a counter set in
-# one is invisible to its siblings. The executions that keyed a request lately are also found here,
-# by identity, so siblings share one counter and never send the same key for two requests.
-_RECENT_EXECUTIONS = 256
-_recent: collections.OrderedDict[int, _Ordinals] = collections.OrderedDict()
-_recent_lock = threading.Lock()
-
-
-def _ordinals_of(call: CallInfo) -> _Ordinals:
-    ordinals = _ordinals.get()
-    if ordinals is not None and ordinals.call is call:
-        return ordinals
-    with _recent_lock:
-        # Entries hold their CallInfo, so an id in the table is never reused by another object.
-        ordinals = _recent.get(id(call))
-        if ordinals is None:
-            ordinals = _recent[id(call)] = _Ordinals(call)
-            if len(_recent) > _RECENT_EXECUTIONS:
-                _recent.popitem(last=False)
-        else:
-            _recent.move_to_end(id(call))
-    _ordinals.set(ordinals)
-    return ordinals
+def _next_ordinal(call: CallInfo) -> int:
+    # The counter lives on the execution's own CallInfo (the drivers make a new one for every
+    # attempt, so ordinals restart at 1 on attempt 2 and it sends the same keys as attempt 1).
+    # Every task and thread the tool starts sees that same object through its copy of the
+    # context, so siblings share one counter, however many other calls key requests meanwhile.
+    if not isinstance(call, RunningCall):
+        raise TypeError(
+            f"{call.tool_name} ({call.key}): request keys are numbered per execution of a protected call; "
+            "pass the CallInfo of a running call (replaysafe.current_call()), or number the requests yourself "
+            "with request_idempotency_key(call, n)."
+        )
+    return call.next_request_ordinal()
 
 
 def request_idempotency_key(call: CallInfo, ordinal: int) -> str:
@@ -111,7 +82,7 @@ def next_request_key() -> str | None:
     call = current_call_or_none()
     if call is None:
         return None
-    return request_idempotency_key(call, next(_ordinals_of(call).counter))
+    return request_idempotency_key(call, _next_ordinal(call))
 
 
 def _stamp(method: str, headers: MutableMapping[str, str], header: str, methods: frozenset[str]) -> None:

@@ -20,6 +20,7 @@ import requests
 from replaysafe import CallInfo, MemoryLedger, Status, open_ledger, replay_safe, tool_call
 from replaysafe.http import (
     IdempotencyKeyAdapter,
+    _next_ordinal,
     aadd_idempotency_key,
     add_idempotency_key,
     aidempotency_key_hook,
@@ -302,6 +303,51 @@ async def test_async_requests_in_concurrent_tasks_get_distinct_keys(provider: Pr
     key = call_key("t-fan", "fan_out")
     assert sorted(k for k in keys(provider) if k is not None) == [f"{key}:{n}" for n in (1, 3, 5, 7)]
     assert sorted(r[2] for r in provider.received if r[2] is not None) == [f"{key}:{n}" for n in (2, 4, 6, 8)]
+
+
+async def test_sibling_tasks_share_their_counter_whatever_other_calls_key_meanwhile(provider: Provider) -> None:
+    """Two tasks of one tool send a keyed request each, with 300 other calls' keyed requests in between (more than
+    any table of recent executions would hold): the second request never reuses the first's key, so a provider that
+    dedupes by the header performs both."""
+    first_sent, others_done = asyncio.Event(), asyncio.Event()
+
+    @replay_safe(ledger=MemoryLedger())
+    async def other_call(n: int) -> None:
+        request = httpx.Request("POST", f"{provider.url}/x")
+        await aadd_idempotency_key(request)
+
+    @replay_safe(ledger=MemoryLedger())
+    async def two_charges() -> None:
+        async with httpx.AsyncClient(event_hooks={"request": [aadd_idempotency_key]}, trust_env=False) as http:
+
+            async def first() -> None:
+                await http.post(f"{provider.url}/charges", json={"n": 1})
+                first_sent.set()
+
+            async def second() -> None:
+                await others_done.wait()
+                await http.post(f"{provider.url}/charges", json={"n": 2})
+
+            await asyncio.gather(first(), second())
+
+    async def others() -> None:
+        await first_sent.wait()
+        for n in range(300):
+            async with tool_call(f"t-other-{n}", "msg_1", "call_1"):
+                await other_call(n)
+        others_done.set()
+
+    async with tool_call("t-siblings", "msg_1", "call_1"):
+        await asyncio.gather(two_charges(), others())
+    key = call_key("t-siblings", "two_charges")
+    assert keys(provider) == [f"{key}:1", f"{key}:2"]
+    assert len(provider.performed) == 2
+
+
+def test_a_request_key_needs_a_running_call() -> None:
+    """Ordinals are numbered per execution: a CallInfo made by hand has none, and says how to number by hand."""
+    with pytest.raises(TypeError, match=r"request_idempotency_key\(call, n\)"):
+        _next_ordinal(CallInfo("t", "m", "c", "tool", 1))
 
 
 def test_importing_replaysafe_imports_neither_client() -> None:
