@@ -55,7 +55,7 @@ from ._operations import aperform, interrupted, perform
 from ._owners import owner_alive, owner_token
 from ._pending import pending_writes
 from ._records import CallKey, Record
-from ._renewer import new_lease, renewer, start_renewing
+from ._renewer import new_lease, renewer
 from .ledgers import Ledger
 from .ledgers._protocol import NO_RESULT, Handed, hand_in
 
@@ -381,12 +381,13 @@ async def _areconcile(effect: Reconcile, driving: Driving) -> Any:
         return answer
     lease = None
     try:
-        lease = start_renewing(_reconciler_lease(effect, driving))  # awaited: this loop's renewer, as _ainvoke's
+        lease = _reconciler_lease(effect, driving)
+        renewer.add(lease)  # by the renewer thread, as _ainvoke's: the reconciler may block this loop
         return await answer
     finally:
         renewer.remove(lease)
         if inspect.iscoroutine(answer) and inspect.getcoroutinestate(answer) == inspect.CORO_CREATED:
-            answer.close()  # never awaited (start_renewing failed): closed, with no warning to follow
+            answer.close()  # never awaited (the lease could not be made): closed, with no warning to follow
 
 
 async def _ainvoke(run: Run, driving: Driving) -> Any:
@@ -398,7 +399,10 @@ async def _ainvoke(run: Run, driving: Driving) -> Any:
     # Under the built-in timeout the lease keeps the deadline, as for a sync tool: it is renewed up to
     # the deadline plus the margin and no further (with the default lease, not at all), and the tool
     # is never cancelled; a run past the deadline is reported late. Only a timeout the user gave cancels.
-    lease = start_renewing(_lease(run, driving, past_deadline=hard))  # by this loop's renewer
+    # Renewed by the renewer thread, not a timer on this loop: a tool that blocks the loop past its
+    # lease would stop the timer, and another host would take the call over and run it again.
+    lease = _lease(run, driving, past_deadline=hard)
+    renewer.add(lease)
     try:
         if run.timeout is None or not hard:
             return await wrapped(*run.call.args, **run.call.kwargs)

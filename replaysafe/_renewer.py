@@ -1,4 +1,8 @@
-"""Keeping the leases of running calls alive: one daemon thread for sync tools, one timer per event loop for async ones.
+"""Keeping the leases of running calls alive: one daemon thread, for sync and async tools alike.
+
+An async tool's lease is renewed by the thread too, not by a timer on its event loop: a tool
+that blocks its loop (sync I/O, ``time.sleep``) past its lease would stop such a timer, and
+another host would take the call over and run it again.
 
 This module only performs renewals; ``_leases`` decides when each is due and until
 when it extends the lease. A renewal never delays or fails the tool: its errors
@@ -9,9 +13,7 @@ completes.
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextvars
 import math
 import os
 import threading
@@ -23,7 +25,7 @@ from ._clock import utcnow
 from ._errors import LedgerError, describe
 from ._events import logger
 from ._leases import Lease, Schedule, first_due, renewal_interval
-from ._operations import aperform, perform
+from ._operations import perform
 from ._records import CallKey
 
 #: New leases queued before the renewer thread wakes to take them in (and drop ended ones).
@@ -60,14 +62,6 @@ def renew_now(lease: Lease) -> bool | None:
         return _reported(lease, None, exc)
 
 
-async def arenew_now(lease: Lease) -> bool | None:
-    """``renew_now`` on the ledger's async operations."""
-    try:
-        return _reported(lease, bool(await aperform(lease.renewal(utcnow()), lease)))
-    except LedgerError as exc:
-        return _reported(lease, None, exc)
-
-
 def new_lease(
     ledger: Any, tool_name: str, key: CallKey, owner: str | None, length: timedelta, until: datetime | None = None
 ) -> Lease | None:
@@ -79,7 +73,7 @@ def new_lease(
 
 
 class Renewer:
-    """One daemon thread renewing the leases of sync calls, earliest due first.
+    """One daemon thread renewing the leases of running calls, sync and async, earliest due first.
 
     It never holds a call's thread. Adding a lease is an append and ending one a flag
     (the protected call's hot path); the thread takes new leases in when it wakes: at
@@ -148,83 +142,8 @@ class Renewer:
 renewer = Renewer()
 
 
-class LoopRenewer:
-    """The leases of the async calls running in one event loop, earliest due first: one timer
-    in the loop, at the earliest renewal due, instead of one per call (asyncio keeps its
-    timers in a heap compared in Python, and a cancelled one stays there until it comes up).
-
-    Adding a lease is a push (the timer moves only when it is due before the timer: never
-    when every lease has the same length), ending one a flag; most calls end before their
-    first renewal is due, and an ended lease leaves the schedule when it comes up. Each
-    renewal runs in a task of its own, so a slow ledger delays no other lease.
-    """
-
-    __slots__ = ("_renewals", "_schedule", "_timer", "_wakes_at", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._schedule = Schedule()
-        self._timer: asyncio.TimerHandle | None = None
-        #: When the timer fires (monotonic clock); inf when none is set.
-        self._wakes_at = math.inf
-        #: The renewals running now (the loop holds its tasks only weakly).
-        self._renewals: set[asyncio.Task[None]] = set()
-
-    def add(self, lease: Lease) -> None:
-        self._schedule.add(lease)
-        if lease.due < self._wakes_at:
-            self._arm(lease.due)
-
-    def _arm(self, due: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._wakes_at = due
-        # An empty context: the timer (and the renewal tasks it starts) must not run in, or keep
-        # alive, the context of whichever call armed it last.
-        self._timer = self.loop.call_later(max(due - time.monotonic(), 0.0), self._wake, context=contextvars.Context())
-
-    def _wake(self) -> None:
-        self._timer, self._wakes_at = None, math.inf
-        for lease in self._schedule.due(time.monotonic()):
-            task = self.loop.create_task(self._renew(lease), name="replaysafe-lease-renewer")
-            self._renewals.add(task)
-            task.add_done_callback(self._renewals.discard)
-        earliest = self._schedule.next_due()
-        if earliest is not None and earliest < self._wakes_at:
-            self._arm(earliest)
-
-    async def _renew(self, lease: Lease) -> None:
-        lease.after_renewal(await arenew_now(lease), time.monotonic())
-        if lease.active:  # the tool still runs: due again one interval from now
-            self.add(lease)
-
-
-class _PerThread(threading.local):
-    #: The renewer of the loop that last kept a lease in this thread (one loop runs per thread at a time).
-    renewer: LoopRenewer | None = None
-
-
-_per_thread = _PerThread()
-
-
-def start_renewing(lease: Lease | None) -> Lease | None:
-    """Keep ``lease`` alive in the running loop while an async tool runs; ``end()`` it when the
-    tool ends (``None``: there is nothing to renew)."""
-    if lease is None or not hasattr(lease.ledger.aio, "renew"):
-        return None
-    loop = asyncio.get_running_loop()
-    keeper = _per_thread.renewer
-    if keeper is None or keeper.loop is not loop:
-        # A new loop in this thread (the last one has ended, or runs nested): a renewer of its own. The
-        # last loop's renewer keeps the leases it holds alive for as long as its timer is set.
-        keeper = _per_thread.renewer = LoopRenewer(loop)
-    keeper.add(lease)
-    return lease
-
-
 def _reset_in_child() -> None:
     renewer._reset()
-    _per_thread.renewer = None
 
 
 os.register_at_fork(after_in_child=_reset_in_child)

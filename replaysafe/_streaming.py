@@ -22,7 +22,7 @@ from ._deadlines import past, timeout_error
 from ._drivers import Driving, Planned, _lease, adrive, drive
 from ._leases import Lease
 from ._owners import owner_token
-from ._renewer import renewer, start_renewing
+from ._renewer import renewer
 
 # What ``_flow`` asks for, each with its value: call this (awaiting what it returns in async code)
 # and send back its result, hand this chunk to the consumer, hand these recorded chunks out.
@@ -106,8 +106,8 @@ def _leased(source: Iterator[Any], lease: Lease | None) -> Generator[Any, None, 
 
 
 async def _aleased(source: AsyncGenerator[Any, None], lease: Lease | None) -> AsyncGenerator[Any, None]:
-    """``_leased`` for async streams: renewed by this loop's renewer."""
-    start_renewing(lease)
+    """``_leased`` for async streams: renewed by the renewer thread too (the stream may block its loop)."""
+    renewer.add(lease)
     try:
         async for chunk in source:
             yield chunk

@@ -4,7 +4,8 @@
 under fixed ids and print what it returned (or the name of the error it raised).
 The tool appends ``ran <pid>`` to EFFECTS, then works for SECONDS. KIND is ``sync``
 (no timeout), ``sync-worker`` (a timeout, called off the main thread, so it runs in
-the worker pool), ``async``, ``stream`` or ``astream``. LEASE is the lease in seconds
+the worker pool), ``async``, ``async-blocking`` (an async tool that blocks its event loop),
+``stream`` or ``astream``. LEASE is the lease in seconds
 (``none``: derived from the timeout); WAIT the seconds a replay waits for a live owner.
 
 Files are created world-writable: the hidepid test runs workers as two users.
@@ -93,6 +94,22 @@ def main(kind: str, url: str, effects: str, thread: str, lease_text: str, second
                 outcome.append(type(exc).__name__)
 
         asyncio.run(call_async())
+    elif kind == "async-blocking":
+
+        @replay_safe(**options)
+        async def send_invitations(count: int) -> str:
+            append(effects, f"ran {os.getpid()}")
+            time.sleep(seconds)  # sync work inside an async tool: its event loop is blocked meanwhile  # noqa: ASYNC251
+            return f"sent {count} by {os.getpid()}"
+
+        async def call_blocking() -> None:
+            try:
+                with tool_call(thread, "msg_1", "call_1"):
+                    outcome.append(await send_invitations(3))
+            except ReplaySafeError as exc:
+                outcome.append(type(exc).__name__)
+
+        asyncio.run(call_blocking())
     elif kind == "stream":
 
         @replay_safe(**options)
