@@ -3,7 +3,8 @@
 Exit codes: 0 done; 1 no such record, nothing matched (a page past the end, a ledger
 holding no record) or the record cannot be settled; 2 bad usage; 3 the ledger cannot be
 opened (unreachable, wrong URL, missing database or table); 4 the operator did not
-confirm; 5 the ledger seals its records and no signing key was given.
+confirm; 5 the ledger seals its records and no signing key was given; 6 the signing key given
+checks none of the ledger's seals (a wrong key: nothing was read or written with it).
 
 Options go before or after the action (``ledger --ledger URL list`` is ``ledger list
 --ledger URL``). ``--json`` makes every action print one JSON document on stdout (and its
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import os
 import re
@@ -43,7 +45,7 @@ from ._sealing import FINISHED, SEALED, SIGNING_KEY_ENV, is_sealed, unsealed
 from .ledgers import Ledger, open_ledger
 from .ledgers._protocol import diagnose
 
-EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_LEDGER, EXIT_DECLINED, EXIT_NO_KEY = 0, 1, 2, 3, 4, 5
+EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_LEDGER, EXIT_DECLINED, EXIT_NO_KEY, EXIT_WRONG_KEY = 0, 1, 2, 3, 4, 5, 6
 #: The states ``list --status`` and ``stats`` know, named as ``Status`` names them.
 STATUSES = ("running", "completed", "failed", "in_doubt", "paused")
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
@@ -125,7 +127,8 @@ def add_commands(commands: Any) -> None:
         help="inspect and settle the records of a ledger",
         description="Inspect and settle a ledger's records. Exit codes: 0 done, 1 no such record or nothing "
         "matched, 2 bad usage, 3 ledger unreachable / wrong URL / missing database or table, 4 not confirmed, "
-        "5 the ledger seals its records and no signing key was given.",
+        "5 the ledger seals its records and no signing key was given, 6 the signing key checks none of the "
+        "ledger's seals.",
     )
     _options(ledger, below=False)
     actions = ledger.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -251,6 +254,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, stdin: TextIO = sys.
         with ledger:
             action = _ACTIONS[args.action]
             try:
+                _check_key(ledger)
                 return action(ledger, args, output)
             except (CommandError, BrokenPipeError):
                 raise
@@ -259,6 +263,48 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, stdin: TextIO = sys.
     except CommandError as exc:
         print(f"replaysafe ledger {args.action}: {printable(str(exc))}", file=err)
         return exc.code
+
+
+#: How many records ``_check_key`` reads at most, and how many sealed ones it tries the key on.
+_KEY_CHECK_READS, _KEY_CHECK_SEALS = 1000, 20
+
+
+def _check_key(ledger: Ledger) -> None:
+    """Refuse a signing key that checks none of the ledger's seals, before anything is read or written with it.
+
+    With a wrong key, ``show`` would report intact records ``tampered`` and ``resolve --result`` would seal with
+    it and say "settled", leaving a record every replay refuses. The key passes when one sealed record checks
+    (an altered record fails with any key); with no sealed record among the first read, there is nothing to
+    test it on, and it is taken as given.
+    """
+    sealer = ledger.sealer
+    if sealer is None:
+        return
+    tried = 0
+    records = ledger.records()
+    try:
+        for record in itertools.islice(records, _KEY_CHECK_READS):
+            if not is_sealed(record.result):
+                continue
+            try:
+                sealer.open(record)
+            except TamperedRecordError:
+                tried += 1
+                if tried == _KEY_CHECK_SEALS:
+                    break
+                continue
+            return
+    finally:
+        close = getattr(records, "close", None)  # a generator left early: its cursor is released now
+        if close is not None:
+            close()
+    if tried:
+        raise CommandError(
+            f"this key does not match the ledger's seals: it checks none of the {tried} sealed record(s) tried. "
+            "Nothing was read or written with it. Give the key the application signs with (--signing-key-file "
+            f"PATH or ${SIGNING_KEY_ENV}; while keys rotate, the new key and the old one, comma-separated).",
+            EXIT_WRONG_KEY,
+        )
 
 
 def printable(text: str) -> str:

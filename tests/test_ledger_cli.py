@@ -315,6 +315,53 @@ def test_resolve_refuses_to_write_an_unsealed_result_into_a_sealed_ledger(
     assert runs == []
 
 
+WRONG_KEY = "b-signing-key-of-32-bytes-111111"
+
+
+def test_a_key_that_checks_no_seal_is_refused_and_nothing_is_written(durable_ledger_url: str, tmp_path: Path) -> None:
+    """A wrong key made `show` call intact records tampered and `resolve --result` seal with it and say "settled",
+    so the application's next replay raised TamperedRecordError. It is now refused (exit 6) before anything is read
+    or written; the right key, or a rotation list holding it, still works."""
+    genuine = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+    in_doubt = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_7", "call_1")
+    runs: list[int] = []
+    with open_ledger(durable_ledger_url, signing_key=SIGNING_KEY) as signed:
+        with tool_call(*genuine):
+            replay_safe(ledger=signed, name="refund_order")(lambda: "refunded 1")()
+        _write(signed, in_doubt, Status.IN_DOUBT, None, digest=_no_args_digest(signed))
+        wrong = {"REPLAYSAFE_SIGNING_KEY": WRONG_KEY}
+        shown = cli("ledger", "--ledger", durable_ledger_url, "show", *genuine, env=wrong)
+        assert shown.returncode == 6, shown.stdout + shown.stderr
+        assert "this key does not match the ledger's seals" in shown.stderr
+        assert "tampered" not in shown.stdout
+        key_file = tmp_path / "wrong.key"
+        key_file.write_text(WRONG_KEY)
+        resolved = cli(
+            "ledger", "--ledger", durable_ledger_url, "--signing-key-file", str(key_file),
+            "resolve", *in_doubt, "--result", '"re_1"', "--yes", env=NO_KEY,
+        )  # fmt: skip
+        assert resolved.returncode == 6, resolved.stdout + resolved.stderr
+        assert "this key does not match the ledger's seals" in resolved.stderr
+        assert "settled" not in resolved.stdout
+        assert signed.get(in_doubt).status is Status.IN_DOUBT  # type: ignore[union-attr]
+        # A rotation list that holds the ledger's key passes the check, and seals with its first key.
+        rotation = {"REPLAYSAFE_SIGNING_KEY": f"{SIGNING_KEY},{WRONG_KEY}"}
+        assert _show(durable_ledger_url, genuine, rotation)[0]["result_check"] == "ok"
+        settled = cli(
+            "ledger", "--ledger", durable_ledger_url, "resolve", *in_doubt, "--result", '"re_1"', "--yes", env=WITH_KEY
+        )
+        assert settled.returncode == 0, settled.stderr
+
+        @replay_safe(ledger=signed, in_doubt="raise")
+        def refund_order() -> str:
+            runs.append(1)
+            return "ran again"
+
+        with tool_call(*in_doubt):
+            assert refund_order() == "re_1"
+    assert runs == []
+
+
 def test_resolve_without_a_key_in_a_ledger_that_does_not_seal(durable_ledger_url: str) -> None:
     """A ledger whose finished records carry no seal is settled without a key, as before."""
     in_doubt = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_7", "call_1")
