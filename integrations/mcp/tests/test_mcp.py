@@ -233,9 +233,10 @@ def test_client_killed_after_sending_resumes_and_the_tool_runs_once(policy: str,
 async def test_a_replay_returns_the_recorded_result_exactly_without_sending(
     servers: Servers, control: Path, client_ledger: SqliteLedger
 ) -> None:
-    """Content blocks, structured content, isError and _meta come back equal, as a CallToolResult."""
+    """Content blocks, structured content, isError and _meta come back equal, as a CallToolResult (an isError
+    result too, with record_errors=True: recorded as it came)."""
     async with servers.connect() as raw:
-        session = replay_safe_session(raw, ledger=client_ledger)
+        session = replay_safe_session(raw, ledger=client_ledger, record_errors=True)
         first: list[CallToolResult] = []
         again: list[CallToolResult] = []
         for results in (first, again):
@@ -253,6 +254,24 @@ async def test_a_replay_returns_the_recorded_result_exactly_without_sending(
     # server recorded nothing for it (its isError result was recorded by the client).
     keys = [record.key.tool_call_id for record in server_records(control)]
     assert keys == [key_of("t-replay", "msg_1", "call_1", "refund")]
+
+
+@pytest.mark.parametrize("servers", ["stdio"], indirect=True)
+async def test_an_is_error_result_is_not_recorded_and_a_resume_sends_the_call_again(
+    servers: Servers, control: Path, client_ledger: SqliteLedger
+) -> None:
+    """An isError result is the tool's failure: the caller gets it, the claim is released (no record), and the
+    resumed run sends the call again, as every adapter treats a tool that raises (docs/adapters.md section 7)."""
+    key = CallKey("t-is-error", "msg_1", "call_1")
+    async with servers.connect() as raw:
+        session = replay_safe_session(raw, ledger=client_ledger)
+        for _ in range(2):
+            async with tool_call(*key):
+                result = await session.call_tool("fail", {"order_id": "A1"})
+            assert isinstance(result, CallToolResult)
+            assert result.is_error
+            assert client_ledger.get(key) is None
+    assert effects(control) == ["fail A1", "fail A1"]
 
 
 @pytest.mark.parametrize("servers", ["stdio"], indirect=True)

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._client import META_KEY, CallToolResultSerializer, ReplaySafeSession, in_doubt_default, replay_safe_session
+from ._client import (
+    META_KEY,
+    CallToolResultSerializer,
+    ReplaySafeSession,
+    ToolResultError,
+    in_doubt_default,
+    replay_safe_session,
+)
 
 if TYPE_CHECKING:
     from ._server import ReplaySafeMiddleware
@@ -20,6 +27,7 @@ __all__ = [
     "CallToolResultSerializer",
     "ReplaySafeMiddleware",
     "ReplaySafeSession",
+    "ToolResultError",
     "in_doubt_default",
     "replay_safe_session",
 ]

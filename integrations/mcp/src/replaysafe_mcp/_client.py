@@ -45,11 +45,36 @@ class CallToolResultSerializer:
 _SERIALIZER = CallToolResultSerializer()
 
 
-async def _call_tool(name: str, arguments: dict[str, Any], send: Send) -> CallToolResult:
+class ToolResultError(Exception):
+    """An ``isError`` result, raised inside the protected call so that it follows the rule for a tool that raises.
+
+    Such a result is the tool's failure: it is not recorded (the claim is released and a resume sends the call
+    again), as every adapter treats a tool that raises, unless ``record_errors=`` covers this class
+    (``record_errors=True`` does): then the result is recorded and replayed as it came. Either way the session
+    returns the ``CallToolResult`` itself to its caller, never this exception.
+    """
+
+    def __init__(self, tool_name: str, result: CallToolResult) -> None:
+        super().__init__(f"the MCP tool {tool_name} answered with an isError result")
+        self.result = result
+
+
+async def _call_tool(name: str, arguments: dict[str, Any], send: Send, record_error_results: bool) -> CallToolResult:
     """The body the session protects: one tools/call, keyed with the protected call's idempotency key."""
     call = current_call_or_none()
     assert call is not None  # only ever run as a protected call
-    return await send(call.idempotency_key)
+    result = await send(call.idempotency_key)
+    if result.is_error and not record_error_results:
+        raise ToolResultError(name, result)
+    return result
+
+
+def _records_error_results(record_errors: Any) -> bool:
+    """Whether ``record_errors=`` (as ``@replay_safe`` takes it) covers an ``isError`` result."""
+    if isinstance(record_errors, bool):
+        return record_errors
+    classes = (record_errors,) if isinstance(record_errors, type) else tuple(record_errors or ())
+    return issubclass(ToolResultError, classes)
 
 
 def _with_key(meta: Mapping[str, Any] | None, key: str | None) -> dict[str, Any] | None:
@@ -80,6 +105,7 @@ class ReplaySafeSession:
         self._ledger = ledger
         self._trust_annotations = trust_annotations
         self._in_doubt: InDoubt | None = options.pop("in_doubt", None)
+        self._record_error_results = _records_error_results(options.get("record_errors", False))
         self._options = options
         self._annotations: dict[str, ToolAnnotations | None] | None = None
         self._listing = anyio.Lock()
@@ -118,7 +144,11 @@ class ReplaySafeSession:
         in_doubt = self._in_doubt
         if in_doubt is None and self._trust_annotations:
             in_doubt = in_doubt_default(annotations)
-        return await self._protected_call(name, in_doubt)(name, dict(arguments or {}), send)
+        protected = self._protected_call(name, in_doubt)
+        try:
+            return await protected(name, dict(arguments or {}), send, self._record_error_results)
+        except ToolResultError as error:
+            return error.result  # the tool's failure, not recorded: the caller sees the result the server sent
 
     def _protected_call(self, name: str, in_doubt: InDoubt | None) -> Callable[..., Awaitable[CallToolResult]]:
         # One protected function per tool, so that a missing tool_call(...) warns once per tool.
@@ -128,7 +158,11 @@ class ReplaySafeSession:
             if in_doubt is not None:
                 settings["in_doubt"] = in_doubt
             protected = replay_safe(
-                ledger=self._ledger, name=name, exclude_args=("send",), serializer=_SERIALIZER, **settings
+                ledger=self._ledger,
+                name=name,
+                exclude_args=("send", "record_error_results"),
+                serializer=_SERIALIZER,
+                **settings,
             )(_call_tool)
             self._protected[(name, in_doubt)] = protected
         return protected
@@ -172,6 +206,11 @@ def replay_safe_session(
     ``_meta`` under ``"io.replaysafe/idempotency-key"``, and its ``CallToolResult`` is recorded;
     a replay returns the recorded result without sending anything. ``options`` are ``@replay_safe``
     options (``in_doubt=``, ``record_errors=``, ``lease=``...).
+
+    An ``isError`` result is the tool's failure and follows the rule for a tool that raises: it is
+    returned to the caller but not recorded, so a resume sends the call again, unless ``record_errors=``
+    covers it (``True``, or a tuple holding ``ToolResultError`` or a base of it): then it is recorded and
+    a replay returns it without sending.
 
     The tools' annotations (read once with ``tools/list``) set the defaults: a ``readOnlyHint`` tool
     is called without a claim, and a tool that is destructive and not idempotent (the protocol's
