@@ -84,7 +84,9 @@ def run_in_child(
     """Run ``function(*args, **kwargs)`` in a new Python process and wait for it.
 
     ``function`` must be defined at the top level of an importable module (a test module
-    is fine); an ``async def`` function runs under ``asyncio.run``. Arguments and the return
+    is fine) or of the script run as ``python x.py`` (loaded from its file in the child, under
+    another name than ``__main__``, so its ``if __name__ == "__main__":`` block does not run
+    again); an ``async def`` function runs under ``asyncio.run``. Arguments and the return
     value travel as JSON. With ``kill_at="name"``, the child SIGKILLs itself when it reaches
     ``kill_point("name")``, and ``ChildError`` is raised if it finishes without reaching it.
     Any ledger must be one that survives the process (a SQLite file, PostgreSQL, Redis):
@@ -115,6 +117,11 @@ def run_in_child(
     if report is None:
         raise ChildError(
             f"{where}: the child exited with code {done.returncode} without reporting; its stderr:\n{done.stderr}"
+        )
+    if "not_found" in report:
+        raise ChildError(
+            f"{where}: the child could not find the function, which did not run: {report['not_found']}. It must be "
+            "defined at the top level of a module or of the script being run, under the same name."
         )
     if "killed_at" in report:
         if done.returncode != -signal.SIGKILL:

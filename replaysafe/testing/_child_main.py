@@ -17,13 +17,23 @@ from typing import Any
 from ._child import OUTCOME_ENV
 
 
+#: The name a script's ``__main__`` is loaded under here: not ``__main__``, so its ``if __name__ == "__main__":``
+#: block does not run again in the child (as multiprocessing's spawn does it).
+SCRIPT_MODULE = "__replaysafe_child_main__"
+
+
 def _module(name: str, file: str | None) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError:
+    if name == "__main__":  # a function of the script run as ``python x.py``: loaded from its file
         if not file:
-            raise
-    # A test module imported by path (pytest's importlib mode): load it the same way.
+            raise ImportError("the function is defined in __main__, which has no file (an interactive session?)")
+        name = SCRIPT_MODULE
+    else:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            if not file:
+                raise
+    # A test module imported by path (pytest's importlib mode), or a script: load it the same way.
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {name} from {file}")
@@ -41,6 +51,12 @@ def main() -> None:
         target: Any = _module(request["module"], request["file"])
         for part in request["qualname"].split("."):
             target = getattr(target, part)
+    except BaseException as exc:  # not the function's error: it never ran
+        where = request["file"] or request["module"]
+        text = json.dumps({"not_found": f"{type(exc).__name__}: {exc} (looking for {request['qualname']} in {where})"})
+        outcome.write_text(text, encoding="utf-8")
+        return
+    try:
         value = target(*request["args"], **request["kwargs"])
         if inspect.isawaitable(value):
             value = asyncio.run(_await(value))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,57 @@ def test_a_kill_point_not_named_does_nothing(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.delenv(KILL_AT_ENV)
     kill_point("another_point")
     assert not outcome.exists()  # a kill would have written it first (and this line not run)
+
+
+SCRIPT = """
+import sys
+from replaysafe import SqliteLedger, replay_safe, tool_call
+from replaysafe.testing import kill_point, run_in_child
+
+def agent(ledger_path: str, effects: str) -> str:
+    @replay_safe(ledger=SqliteLedger(ledger_path))
+    def charge() -> str:
+        with open(effects, "a") as file:
+            file.write("charged\\n")
+        return "charged"
+
+    with tool_call("t1", "m1", "c1"):
+        result = charge()
+    kill_point("after_charge")
+    return result
+
+
+if __name__ == "__main__":
+    ledger_path, effects = sys.argv[1], sys.argv[2]
+    with open(effects, "a") as file:
+        file.write("script ran\\n")  # the script's own main block: run once, in the parent only
+    assert run_in_child(agent, ledger_path, effects, kill_at="after_charge").killed
+    print(run_in_child(agent, ledger_path, effects).value)
+    missing = agent
+    missing.__qualname__ = "renamed_away"
+    try:
+        run_in_child(missing, ledger_path, effects)
+    except Exception as exc:
+        print(type(exc).__name__, str(exc).splitlines()[0])
+"""
+
+
+def test_a_function_of_a_script_run_as_python_x_py_runs_in_the_child(tmp_path: Path) -> None:
+    """`python x.py` defines its functions in __main__: the child loads the script from its file (without running
+    its main block again), and a function it cannot find is reported as not found, not as raising."""
+    script = tmp_path / "agent.py"
+    script.write_text(SCRIPT, encoding="utf-8")
+    effects = tmp_path / "effects"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "ledger.db"), str(effects)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "charged"  # the resume replayed the recorded result
+    assert lines[1].startswith("ChildError run_in_child(renamed_away): the child could not find the function")
+    assert "raised" not in lines[1]
+    assert _effects(effects) == ["script ran", "charged"]
