@@ -34,7 +34,32 @@ from ._otel import instrument_opentelemetry
 from ._records import CallKey, ClaimResult, Record, Status
 from .ledgers import Ledger, MemoryLedger, open_ledger, register_ledger
 
+# Tracebacks and reprs name the public path (replaysafe.CallInDoubtError), not the private module that
+# defines the class. Exceptions and warnings only: other classes' paths are part of argument digests and
+# stored results, which must not change.
+for _public in (
+    ArgumentDigestError,
+    CallInDoubtError,
+    CallInProgressError,
+    InvalidCallIdError,
+    LedgerError,
+    MissingCallIdError,
+    NoCurrentCallError,
+    RecordUnreadableError,
+    RecordedToolError,
+    ReplayMismatchError,
+    ReplaySafeError,
+    ReplaySafeWarning,
+    ResultEncodingError,
+    TamperedRecordError,
+    ToolTimeoutError,
+    UnprotectedCallWarning,
+):
+    _public.__module__ = __name__
+del _public
+
 if TYPE_CHECKING:
+    __version__: str
     from .ledgers.postgres import PostgresLedger
     from .ledgers.redis import RedisLedger
     from .ledgers.sqlite import SqliteLedger
@@ -90,7 +115,15 @@ __all__ = [
 ]
 
 
+#: The distribution whose version ``replaysafe.__version__`` is.
+_DISTRIBUTION = "replaysafe-tools"
+
+
 def __getattr__(name: str) -> object:
+    if name == "__version__":  # read from the installed distribution, when first asked for
+        from importlib.metadata import version
+
+        return version(_DISTRIBUTION)
     # SQLAlchemy, psycopg and redis are imported only when their ledger is first used.
     if name in ("PostgresLedger", "RedisLedger", "SqliteLedger"):
         from . import ledgers

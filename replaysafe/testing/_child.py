@@ -56,7 +56,7 @@ class ChildError(Exception):
 
     def __init__(self, message: str, *, type_name: str | None = None, child_traceback: str = "") -> None:
         super().__init__(message)
-        #: The qualified name of the exception the child raised (``replaysafe._errors.CallInDoubtError``).
+        #: The qualified name of the exception the child raised (``replaysafe.CallInDoubtError``).
         self.type_name = type_name
         self.child_traceback = child_traceback
 

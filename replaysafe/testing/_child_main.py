@@ -16,7 +16,6 @@ from typing import Any
 
 from ._child import OUTCOME_ENV
 
-
 #: The name a script's ``__main__`` is loaded under here: not ``__main__``, so its ``if __name__ == "__main__":``
 #: block does not run again in the child (as multiprocessing's spawn does it).
 SCRIPT_MODULE = "__replaysafe_child_main__"

@@ -37,7 +37,7 @@ def test_killed_inside_the_tool_is_in_doubt(tmp_path: Path) -> None:
     )
     with pytest.raises(ChildError) as raised:
         run_in_child(crash_scenario.refund_step, url, str(effects), "raise")
-    assert raised.value.type_name == "replaysafe._errors.CallInDoubtError"
+    assert raised.value.type_name == "replaysafe.CallInDoubtError"
     assert "CallInDoubtError" in raised.value.child_traceback
     assert len(_effects(effects)) == 1
     # The default policy runs it again, with the same idempotency key for the provider.
