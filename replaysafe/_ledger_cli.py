@@ -340,6 +340,14 @@ def _open(url: str | None, signing_keys: list[str] | None = None, *, from_env: b
             f"{where}a memory:// ledger lives inside one process: there is nothing to inspect", EXIT_USAGE
         )
     if scheme == "sqlite":
+        from .ledgers.sqlite import two_slash_suggestion
+
+        suggestion = two_slash_suggestion(url)
+        if suggestion is not None:
+            raise CommandError(
+                f"{where}{url} has two slashes, which name a host and no ledger file: did you mean {suggestion}?",
+                EXIT_USAGE,
+            )
         path = Path(url.partition("?")[0].split(":///", 1)[-1])
         if not path.is_file():
             raise CommandError(f"{where}no replaysafe records here: no ledger file at {path}", EXIT_LEDGER)

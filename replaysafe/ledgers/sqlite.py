@@ -71,6 +71,12 @@ class SqliteLedger(SqlLedger):
         else:
             database = text
             url = sa.URL.create("sqlite", database=database)
+        suggestion = two_slash_suggestion(text)
+        if suggestion is not None:
+            raise ValueError(
+                f"SqliteLedger got {text!r}, a URL with two slashes, which names a host and no file: did you mean "
+                f"{suggestion}? (sqlite:/// then a relative path, sqlite://// then an absolute one)"
+            )
         if database in ("", ":memory:") or database.startswith("file::memory:"):
             raise ValueError(
                 f"SqliteLedger needs a file, got {text!r}: an in-memory SQLite database is private to one "
@@ -185,6 +191,19 @@ class SqliteLedger(SqlLedger):
                 cursor.close()
         finally:
             connections.give_back(connection)
+
+
+def two_slash_suggestion(url: str) -> str | None:
+    """``sqlite:///ledger.db`` for ``sqlite://ledger.db`` (a host, no file: a slash short), else ``None``."""
+    scheme, sep, rest = url.partition("://")
+    if (
+        not sep
+        or not scheme.lower().startswith("sqlite")
+        or rest.startswith(("/", ":memory:"))
+        or not rest.split("?")[0]
+    ):
+        return None
+    return f"{scheme}:///{rest}"
 
 
 def _configure(connection: sqlite3.Connection, pragmas: tuple[str, ...]) -> None:

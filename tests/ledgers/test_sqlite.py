@@ -6,6 +6,8 @@ import datetime as dt
 import gc
 import os
 import sqlite3
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite as sqlite_dialect
 
-from replaysafe import CallKey, SqliteLedger
+from replaysafe import CallKey, SqliteLedger, open_ledger
 from replaysafe.ledgers import sqlite as sqlite_ledger
 
 
@@ -108,3 +110,25 @@ def test_a_stored_time_in_another_form_is_read_as_before() -> None:
     assert sqlite_ledger._time("2026-12-05") == dt.datetime(2026, 12, 5, tzinfo=_UTC)
     assert sqlite_ledger._time(None) is None
     assert sqlite_ledger._stamp(None) is None
+
+
+def test_a_url_with_two_slashes_is_refused_with_the_url_it_meant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sqlite://ledger.db` names a host and no file: the library and the CLI both say which URL was meant, not that
+    the database is in memory or that no file is at `sqlite:/ledger.db`; nothing is created."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"did you mean sqlite:///ledger\.db\?") as raised:
+        open_ledger("sqlite://ledger.db")
+    assert "in-memory" not in str(raised.value)
+    done = subprocess.run(
+        [sys.executable, "-m", "replaysafe", "ledger", "--ledger", "sqlite://ledger.db", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "did you mean sqlite:///ledger.db?" in done.stderr
+    assert "sqlite:/ledger.db" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
