@@ -6,6 +6,7 @@ handed in, so these tests hand it a fixed instant and an owner that is never see
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -23,8 +24,10 @@ from replaysafe._core import (
     Takeover,
     ToolSpec,
     Verdict,
+    held_after,
     judge,
     replay,
+    undo_for,
 )
 
 KEY = CallKey("t", "m", "c")
@@ -180,3 +183,40 @@ def test_tool_call_builds_its_scope_field_by_field() -> None:
     assert scope == CallScope(
         key=key, ledger=ledger, pauses=(), tool_timeout=5.0, in_doubt="raise", parent=None, missing_ids_fix="fix"
     )
+
+
+# --- what the mutation check found unguarded -------------------------------------------------
+
+
+def test_a_lost_takeover_is_undone_to_in_doubt_not_deleted() -> None:
+    """A takeover whose answer was lost may have landed under this owner: it is undone by marking the call in doubt
+    (fenced by owner), never by deleting the record, which would let the next replay run the call as new."""
+    taken = Takeover(record(Status.RUNNING, lease_left=-1), "me#1", NOW, NOW + timedelta(seconds=330))
+    assert undo_for(taken) == Complete(KEY, "me#1", Status.IN_DOUBT, None, NOW)
+    assert held_after(taken, record(Status.RUNNING)) == Complete(KEY, "me#1", Status.IN_DOUBT, None, NOW)
+    assert held_after(taken, None) is None  # it did not land: nothing to undo
+    claim = Claim(KEY, "refund_order", "d", "me#1", NOW, NOW)
+    assert undo_for(claim) == Release(KEY, "me#1")
+
+
+def test_a_finished_record_under_this_owner_replays_it_does_not_run() -> None:
+    """Only a running record of this owner is its own claim tried again; a finished one under the same token
+    replays like any other."""
+    protocol, _ = start()
+    mine_finished = Record(KEY, "refund_order", "d", Status.COMPLETED, '"done"', "me#1", 1, NOW, NOW, NOW)
+    assert finish(protocol, ClaimResult(mine_finished, False)) == "done"
+
+
+def test_a_paused_call_resumes_without_asking_the_in_doubt_policy() -> None:
+    """A paused call is taken over and run again under in_doubt="raise" too, with no in_doubt event: its owner
+    stopped on purpose."""
+    spec = dataclasses.replace(SPEC, in_doubt="raise")
+    protocol = replay(spec, CallScope(KEY), "d", ("1042",), {}, None, None, "me#1", HOST)
+    next(protocol)
+    EVENTS.clear()
+    takeover = protocol.send(ClaimResult(record(Status.PAUSED), False))
+    assert isinstance(takeover, Takeover)
+    run = protocol.send(Record(KEY, "refund_order", "d", Status.RUNNING, None, "me#1", 2, NOW, NOW, NOW))
+    assert isinstance(run, Run)
+    assert run.call.attempt == 2
+    assert [kind for kind, _ in EVENTS if str(kind) == "in_doubt"] == []
