@@ -34,30 +34,6 @@ from ._otel import instrument_opentelemetry
 from ._records import CallKey, ClaimResult, Record, Status
 from .ledgers import Ledger, MemoryLedger, open_ledger, register_ledger
 
-# Tracebacks and reprs name the public path (replaysafe.CallInDoubtError), not the private module that
-# defines the class. Exceptions and warnings only: other classes' paths are part of argument digests and
-# stored results, which must not change.
-for _public in (
-    ArgumentDigestError,
-    CallInDoubtError,
-    CallInProgressError,
-    InvalidCallIdError,
-    LedgerError,
-    MissingCallIdError,
-    NoCurrentCallError,
-    RecordUnreadableError,
-    RecordedToolError,
-    ReplayMismatchError,
-    ReplaySafeError,
-    ReplaySafeWarning,
-    ResultEncodingError,
-    TamperedRecordError,
-    ToolTimeoutError,
-    UnprotectedCallWarning,
-):
-    _public.__module__ = __name__
-del _public
-
 if TYPE_CHECKING:
     __version__: str
     from .ledgers.postgres import PostgresLedger
@@ -113,6 +89,14 @@ __all__ = [
     "set_default_timeouts",
     "tool_call",
 ]
+
+# Tracebacks and reprs name the public path (replaysafe.CallInDoubtError), not the private module that
+# defines the class. Exceptions and warnings only: other classes' paths are part of argument digests and
+# stored results, which must not change.
+for _public in [globals().get(name) for name in __all__]:
+    if isinstance(_public, type) and issubclass(_public, (ReplaySafeError, ReplaySafeWarning)):
+        _public.__module__ = __name__
+del _public
 
 
 #: The distribution whose version ``replaysafe.__version__`` is.

@@ -240,6 +240,20 @@ def _show(url: str, key: CallKey, env: dict[str, str], *extra: str, human: bool 
     return json.loads(as_json.stdout), text.stdout
 
 
+def assert_replays_the_settled_result(ledger: Ledger, in_doubt: CallKey) -> None:
+    """The call settled with ``"re_1"`` replays it under ``in_doubt="raise"``: the tool does not run."""
+    runs: list[int] = []
+
+    @replay_safe(ledger=ledger, in_doubt="raise")
+    def refund_order() -> str:
+        runs.append(1)
+        return "ran again"
+
+    with tool_call(*in_doubt):
+        assert refund_order() == "re_1"
+    assert runs == []
+
+
 def test_show_never_vouches_for_a_seal_it_cannot_check(durable_ledger_url: str, tmp_path: Path) -> None:
     """Without the key a sealed record is `unverified` (never `ok`), even when altered; with the key
     (environment or --signing-key-file) a genuine record is `ok` and an altered or unsealed one `tampered`."""
@@ -282,7 +296,6 @@ def test_resolve_refuses_to_write_an_unsealed_result_into_a_sealed_ledger(
     the result, and a replay returns it without running the tool."""
     in_doubt = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_7", "call_1")
     other_thread = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
-    runs: list[int] = []
     with open_ledger(durable_ledger_url, signing_key=SIGNING_KEY) as signed:
         # The only finished record is in another thread: the CLI looks ledger-wide for a seal.
         with tool_call(*other_thread):
@@ -305,14 +318,7 @@ def test_resolve_refuses_to_write_an_unsealed_result_into_a_sealed_ledger(
         )  # fmt: skip
         assert settled.returncode == 0, settled.stderr
 
-        @replay_safe(ledger=signed, in_doubt="raise")
-        def refund_order() -> str:
-            runs.append(1)
-            return "ran again"
-
-        with tool_call(*in_doubt):
-            assert refund_order() == "re_1"
-    assert runs == []
+        assert_replays_the_settled_result(signed, in_doubt)
 
 
 WRONG_KEY = "b-signing-key-of-32-bytes-111111"
@@ -324,7 +330,6 @@ def test_a_key_that_checks_no_seal_is_refused_and_nothing_is_written(durable_led
     or written; the right key, or a rotation list holding it, still works."""
     genuine = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
     in_doubt = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_7", "call_1")
-    runs: list[int] = []
     with open_ledger(durable_ledger_url, signing_key=SIGNING_KEY) as signed:
         with tool_call(*genuine):
             replay_safe(ledger=signed, name="refund_order")(lambda: "refunded 1")()
@@ -352,14 +357,7 @@ def test_a_key_that_checks_no_seal_is_refused_and_nothing_is_written(durable_led
         )
         assert settled.returncode == 0, settled.stderr
 
-        @replay_safe(ledger=signed, in_doubt="raise")
-        def refund_order() -> str:
-            runs.append(1)
-            return "ran again"
-
-        with tool_call(*in_doubt):
-            assert refund_order() == "re_1"
-    assert runs == []
+        assert_replays_the_settled_result(signed, in_doubt)
 
 
 def test_resolve_without_a_key_in_a_ledger_that_does_not_seal(durable_ledger_url: str) -> None:
