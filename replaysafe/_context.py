@@ -107,7 +107,7 @@ class RunningCall(CallInfo):
     """
 
     scope: CallScope
-    _ordinals: dict[str, Any]
+    _ordinals: dict[str | None, Any]
 
     @classmethod
     def of(
@@ -131,19 +131,19 @@ class RunningCall(CallInfo):
 
     def next_ordinal(self, tool_name: str) -> int:
         """1 for this execution's first step named ``tool_name``, then 2, 3...; thread-safe."""
-        ordinals = self.__dict__.get("_ordinals")
-        if ordinals is None:
-            ordinals = self.__dict__.setdefault("_ordinals", {})
-        counter = ordinals.get(tool_name)
-        if counter is None:
-            counter = ordinals.setdefault(tool_name, itertools.count(1))
-        return next(counter)  # type: ignore[no-any-return]
+        return self._next(tool_name)
 
     def next_request_ordinal(self) -> int:
         """1 for this execution's first keyed HTTP request, then 2, 3...; thread-safe (``replaysafe.http``)."""
-        counter = self.__dict__.get("_requests")
+        return self._next(None)  # no tool's name: requests are numbered apart from every step
+
+    def _next(self, counted: str | None) -> int:
+        ordinals = self.__dict__.get("_ordinals")
+        if ordinals is None:
+            ordinals = self.__dict__.setdefault("_ordinals", {})
+        counter = ordinals.get(counted)
         if counter is None:
-            counter = self.__dict__.setdefault("_requests", itertools.count(1))  # one winner among threads
+            counter = ordinals.setdefault(counted, itertools.count(1))  # one winner among threads
         return next(counter)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
