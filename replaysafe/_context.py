@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import operator
+import threading
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ._constants import NODE_TIMEOUT
 from ._keys import RESERVED_PREFIX, reserved_id
-from ._records import CallKey, new_tuple
+from ._records import CallKey, Status, new_tuple
 
 if TYPE_CHECKING:
     from .ledgers import Ledger
@@ -98,6 +99,19 @@ class CallInfo(NamedTuple):
         return call_idempotency_key(self.thread_id, self.message_id, self.tool_call_id, self.tool_name)
 
 
+class RecordedSteps(NamedTuple):
+    """What the record of a call's last execution says of its steps, read when the call runs again:
+    how that execution ended (``paused``, or ``in_doubt``) and the tool name of each step it made, in
+    the order they were made (its place among all the call's steps, from 1)."""
+
+    status: Status
+    names: tuple[str, ...]
+
+
+#: Guards the place of each step of a call run again (``RunningCall.next_ordinal``), whose steps may be made in threads.
+_places_lock = threading.Lock()
+
+
 class RunningCall(CallInfo):
     """The ``CallInfo`` of one execution of a protected call: it numbers the steps made inside it.
 
@@ -108,6 +122,14 @@ class RunningCall(CallInfo):
 
     scope: CallScope
     _ordinals: dict[str | None, Any]
+    #: The tool name of each step made in this execution, in the order they were made.
+    _made: list[str]
+    #: What the record of the call's last execution said of its steps, when it runs again (``run_again``);
+    #: ``None`` otherwise. A class default: read on every step, as a plain attribute.
+    recorded_steps: RecordedSteps | None = None
+    #: Where each step of this execution stands among all its steps (``(tool name, ordinal)``: place from 1), kept
+    #: only when the call runs again with its steps recorded (``recorded_steps``).
+    _places: dict[tuple[str, int], int]
 
     @classmethod
     def of(
@@ -130,8 +152,44 @@ class RunningCall(CallInfo):
         return CallInfo(*self)._replace(**changes)
 
     def next_ordinal(self, tool_name: str) -> int:
-        """1 for this execution's first step named ``tool_name``, then 2, 3...; thread-safe."""
-        return self._next(tool_name)
+        """1 for this execution's first step named ``tool_name``, then 2, 3...; thread-safe.
+
+        The step's name is kept in the order the steps are made (its place among all of them), for
+        the record of this execution if it pauses or stops in doubt (``steps_made``).
+        """
+        ordinal = self._next(tool_name)
+        made = self.__dict__.get("_made")
+        if made is None:
+            made = self.__dict__.setdefault("_made", [])
+        if self.recorded_steps is None:
+            made.append(tool_name)  # a first execution: only the order is kept (an append is atomic)
+        else:
+            with _places_lock:  # run again: where the step stands is looked up by its protocol
+                made.append(tool_name)
+                self.__dict__.setdefault("_places", {})[tool_name, ordinal] = len(made)
+        return ordinal
+
+    def steps_made(self) -> tuple[str, ...]:
+        """The tool name of each step made so far in this execution, in the order they were made."""
+        return tuple(self.__dict__.get("_made", ()))
+
+    def run_again(self, recorded: RecordedSteps) -> None:
+        """This execution runs the call again, whose last execution recorded ``recorded``: set before it starts."""
+        self.recorded_steps = recorded
+
+    def place_of(self, tool_name: str, ordinal: int) -> int | None:
+        """Where the ``ordinal``-th step named ``tool_name`` of this execution stands among all its steps
+        (from 1); ``None`` when it is not known (the call is not run again with its steps recorded)."""
+        places = self.__dict__.get("_places")
+        return None if places is None else places.get((tool_name, ordinal))
+
+    def keep_recorded(self, place: int) -> None:
+        """The step made at ``place`` was refused (another step is recorded there): this execution's record
+        keeps the recorded step's name at that place, so that the next execution is checked against it too."""
+        recorded, made = self.recorded_steps, self.__dict__.get("_made")
+        if recorded is not None and made is not None and 0 < place <= min(len(made), len(recorded.names)):
+            with _places_lock:
+                made[place - 1] = recorded.names[place - 1]
 
     def next_request_ordinal(self) -> int:
         """1 for this execution's first keyed HTTP request, then 2, 3...; thread-safe (``replaysafe.http``)."""

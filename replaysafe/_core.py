@@ -30,7 +30,7 @@ from typing import Any, Literal, NamedTuple
 
 from . import _constants, _unrecorded
 from ._codec import JsonSerializer, Reviver, Serializer, reviver_for
-from ._context import CallInfo, CallScope, InDoubt, RunningCall
+from ._context import CallInfo, CallScope, InDoubt, RecordedSteps, RunningCall
 from ._errors import (
     CONTROL_ERRORS,
     CallInDoubtError,
@@ -48,7 +48,7 @@ from ._errors import (
 )
 from ._events import EventKind
 from ._identity import call_idempotency_key
-from ._keys import BUSINESS_THREAD_ID, step_parent
+from ._keys import ARGS_MESSAGE_ID, BUSINESS_THREAD_ID, step_key, step_ordinal, step_parent
 from ._records import CallKey, ClaimResult, Record, Status, new_tuple
 from ._sealing import Sealer, unsealed
 
@@ -80,6 +80,14 @@ Reconciler = Callable[[CallInfo], Any]
 _UNRESOLVED: Any = object()
 
 
+class Earlier(NamedTuple):
+    """A call as the earlier key rules (rs0) identified it: the argument digests it may have been
+    recorded with, and, for a key derived from the call (``key="args"``, business keys), its keys."""
+
+    digests: frozenset[str]
+    keys: tuple[CallKey, ...] = ()
+
+
 @dataclasses.dataclass(slots=True)
 class ToolSpec:
     """How one decorated tool is protected, fixed at decoration time."""
@@ -96,6 +104,12 @@ class ToolSpec:
     #: The tool function, whose return annotation says what type a replay rebuilds.
     function: Any = None
     streaming: bool = False
+    #: What tells the tool apart in the keys it derives (``key="args"``, business keys): its
+    #: ``name=``, else ``module:qualname`` (docs/keys.md).
+    identity: str = ""
+    #: ``earlier(key, args, kwargs)``: the call as the earlier key rules (rs0) identified it, so that
+    #: a record written under them is found and replayed, never run again; ``None``: nothing to find.
+    earlier: Callable[[CallKey, tuple[Any, ...], Mapping[str, Any]], Earlier] | None = None
     _reviver: Reviver | None = _UNRESOLVED
 
     def decode(self, text: str | None) -> Any:
@@ -442,10 +456,91 @@ def _run(
     lease: timedelta,
     args_digest: str,
     sealer: Sealer | None,
+    recorded: RecordedSteps | None = None,
 ) -> Run:
-    """The decision to run attempt ``attempt`` of the call, claimed by ``owner``."""
+    """The decision to run attempt ``attempt`` of the call, claimed by ``owner``; ``recorded``: what the
+    record of its last execution says of its steps, when it runs again after a pause or in doubt."""
     call = RunningCall.of(scope, spec.name, attempt, args, kwargs)
+    if recorded is not None:
+        call.run_again(recorded)
     return Run(call, owner, timeout, host, host.monotonic(), lease, args_digest, sealer)
+
+
+# --- steps: their places in a call run again ---------------------------------------------
+
+#: What the result of a paused or in-doubt record holds when its call made steps: the tool name of each
+#: step, in the order they were made, as a JSON list after this prefix. Never read as a result: only a
+#: completed record's result is one.
+STEPS_PREFIX = "rs-steps-1:"
+
+
+def _steps_text(call: CallInfo) -> str | None:
+    """What the record of ``call``'s execution keeps of its steps when it pauses or stops in doubt: the
+    tool name at each place, this execution's, then those of the last execution past where this one
+    got; ``None`` when no execution made a step (the record then has no result, as before steps)."""
+    if not isinstance(call, RunningCall):
+        return None
+    names = call.steps_made()
+    recorded = call.recorded_steps
+    if recorded is not None and len(recorded.names) > len(names):
+        names += recorded.names[len(names) :]
+    return STEPS_PREFIX + json.dumps(names) if names else None
+
+
+def _recorded_steps(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> RecordedSteps | None:
+    """What ``record`` (paused, or in doubt) says of the steps its call made, its seal checked first on a
+    ledger that signs records (a paused record's always, result or not: it lets the call run again).
+    ``None`` when it says nothing: no step was made, or it was written before steps were kept there."""
+    text = _trusted_text(spec, host, record, sealer)
+    if text is None or not text.startswith(STEPS_PREFIX) or record.status not in (Status.PAUSED, Status.IN_DOUBT):
+        return None
+    try:
+        names = json.loads(text[len(STEPS_PREFIX) :])
+    except ValueError:
+        return None
+    if not isinstance(names, list) or not all(type(name) is str for name in names):
+        return None
+    return RecordedSteps(record.status, tuple(names))
+
+
+def _check_place(spec: ToolSpec, host: Host, parent: CallInfo, key: CallKey) -> Generator[Effect, Any, None]:
+    """A step of a call run again after a pause or in doubt, before it is claimed: refused with
+    ``ReplayMismatchError`` (nothing claimed, nothing run) when the last execution made another step at
+    its place and that step is recorded. A step renamed or replaced meanwhile would otherwise find no
+    record under its own key, and run its side effect again.
+
+    The same step at its place, or one recorded at another place (steps reordered, or made in parallel
+    threads), is answered by its own record, as before; a place the last execution did not reach is new
+    work; a step made there that left no record (it raised, or its record expired) has nothing to run
+    twice. Only a step at a place where another step was made reads the ledger (whether that step is
+    recorded), and a ledger that cannot be read then raises: the step is not run unchecked.
+    """
+    assert isinstance(parent, RunningCall)
+    recorded = parent.recorded_steps
+    ordinal = step_ordinal(key, parent.key, spec.name)
+    if recorded is None or ordinal is None:
+        return  # not a step numbered in its parent (key="args", a business key)
+    place = parent.place_of(spec.name, ordinal)
+    if place is None or place > len(recorded.names):
+        return
+    was = recorded.names[place - 1]
+    if was == spec.name or recorded.names.count(spec.name) >= ordinal:
+        return
+    was_key = step_key(parent.key, was, recorded.names[:place].count(was))
+    found: Record | None = yield Get(was_key)
+    if found is None:
+        return
+    parent.keep_recorded(place)
+    message = (
+        f"{describe(spec.name, key)} did not run: it is step {place} of {describe(parent.tool_name, parent.key)}, "
+        f"whose last execution ({recorded.status}) made the step {was!r} at that place, and {was!r} is recorded "
+        f"({ledger_command('show', was_key)}). A step renamed or replaced while its call is paused or in doubt "
+        f"would run its side effect again under a new key, so nothing ran and the call stays {recorded.status}. "
+        f"Run the step under its recorded name (@replay_safe(name={was!r})) until the call has finished, or "
+        f"settle the call by hand: {_resolve_command(parent.key)} --result '<json>'."
+    )
+    host.emit(EventKind.MISMATCH, message, tool_name=spec.name, key=key)
+    raise ReplayMismatchError(message, tool_name=spec.name, key=key)
 
 
 # --- phase 1: claim -----------------------------------------------------------------
@@ -466,6 +561,9 @@ def _protocol(
     """``begin`` (``whole`` false: returns the decision), or ``replay`` (``whole``: returns the result)."""
     key = scope.key
     lease = lease_length(spec.lease, timeout)
+    parent = scope.parent
+    if parent is not None and getattr(parent, "recorded_steps", None) is not None:
+        yield from _check_place(spec, host, parent, key)  # a step of a call run again: the step recorded at its place
     decision: Replay | Run
     deadline: float | None = None
     backoff = _constants.WAIT_BACKOFF_FIRST
@@ -479,8 +577,20 @@ def _protocol(
         record = found.record
         if record.key != key:
             _report_moved(spec, host, key, record)
-        if record.tool_name != spec.name or record.args_digest != args_digest:
+        if record.tool_name != spec.name or (
+            record.args_digest != args_digest and not _recorded_earlier(spec, record, args, kwargs)
+        ):
             _report_mismatch(spec, host, record, args_digest)
+        if (
+            found.claimed
+            and record.attempt == 1
+            and (key.message_id == ARGS_MESSAGE_ID or key.thread_id == BUSINESS_THREAD_ID)
+        ):
+            # A key derived from the call (key="args", a business key) was another before rs1: a
+            # record written under the earlier rules is this call's, and must replay, not run again.
+            adopted = yield from _adopt_earlier(spec, host, key, args, kwargs, owner, args_digest, sealer)
+            if adopted:
+                continue  # its record is now under this key: read it as any recorded call
         # Our own record: a claim whose first answer was lost and was tried again.
         if found.claimed or (record.status is _RUNNING and record.owner == owner):
             decision = _run(spec, scope, record.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer)
@@ -507,8 +617,7 @@ def _protocol(
             # its owner stopped on purpose, at a point where nothing was left half done. So its
             # seal is checked first: a record flipped to paused would run a finished call again.
             policy: InDoubt = "rerun"
-            if verdict is _RESUME and sealer is not None:
-                _trusted_text(spec, host, record, sealer)
+            steps = _recorded_steps(spec, host, record, sealer)  # what its last execution made (seal checked)
             if verdict is _IN_DOUBT:
                 policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
                 _report_in_doubt(spec, host, record, policy)
@@ -532,7 +641,9 @@ def _protocol(
             if taken is None:
                 continue  # another worker moved first: look again
             if callable(policy):
-                owned = _run(spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer)
+                owned = _run(
+                    spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer, steps
+                )
                 answer = yield from _reconcile(spec, policy, owned, record.attempt)
                 if answer is not RERUN:
                     decision = Replay(answer)
@@ -557,7 +668,9 @@ def _protocol(
                 except BaseException:
                     # Interrupted here: the takeover is still this owner's. Left in doubt, as when
                     # the reconciler itself is interrupted, for the next replay to settle.
-                    yield from _finish(spec, owned, Status.IN_DOUBT, None, fail_closed=False, reconciling=True)
+                    yield from _finish(
+                        spec, owned, Status.IN_DOUBT, _steps_text(owned.call), fail_closed=False, reconciling=True
+                    )
                     raise
                 if not held:
                     host.emit(
@@ -570,7 +683,9 @@ def _protocol(
                         owner=owner,
                     )
                     continue
-            decision = _run(spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer)
+            decision = _run(
+                spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer, steps
+            )
             break
         # A live owner runs this very call: wait for its result, with a bounded backoff.
         # The deadline is on the monotonic clock: a wall clock stepped back must not stretch it.
@@ -613,6 +728,75 @@ begin = functools.partial(_protocol, False)
 replay = functools.partial(_protocol, True)
 #: ``begin`` or ``replay``: the protocol a protected call is driven through.
 Phase = Callable[..., Protocol]
+
+
+def _recorded_earlier(spec: ToolSpec, record: Record, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``record``'s digest is this call's under the earlier rules (rs0): a record written
+    before rs1 (an argument at its default, a float with an integral value) is the same call."""
+    return spec.earlier is not None and record.args_digest in spec.earlier(record.key, args, kwargs).digests
+
+
+def _adopt_earlier(
+    spec: ToolSpec,
+    host: Host,
+    key: CallKey,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    owner: str,
+    args_digest: str,
+    sealer: Sealer | None,
+) -> Generator[Effect, Any, bool]:
+    """After a first claim of a derived key: a record of this call under its earlier (rs0) key, if
+    any, copied to ``key`` (which this owner holds); ``True`` when copied. A finished one is copied
+    (its seal checked first); one still running, paused or in doubt there cannot be: the claim is
+    released and a named error says how to settle it, for running the tool would run it twice."""
+    if spec.earlier is None:
+        return False
+    for earlier_key in spec.earlier(key, args, kwargs).keys:
+        if earlier_key == key:
+            continue
+        try:
+            found: Record | None = yield Get(earlier_key)
+            if found is None or found.tool_name != spec.name:
+                continue
+            if found.status is Status.COMPLETED or found.status is Status.FAILED:
+                text = _trusted_text(spec, host, found, sealer)
+                sealed = text if sealer is None else sealer.seal(key, spec.name, args_digest, found.status, text)
+                yield Complete(key, owner, found.status, sealed, host.now())
+                return True
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from _released(key, owner)
+            raise
+        yield from _released(key, owner)
+        command = ledger_command("show", earlier_key)
+        if found.status is _RUNNING:
+            raise CallInProgressError(
+                f"{describe(spec.name, key)} is running under the key the earlier key rules (rs0) gave it, in a "
+                f"worker of an earlier version (attempt {found.attempt}); nothing ran here. Retry when it has ended: "
+                f"its result is then replayed. See it with {command}.",
+                owner=found.owner,
+                tool_name=spec.name,
+                key=key,
+            )
+        idempotency_key = call_idempotency_key(*earlier_key, spec.name)
+        raise CallInDoubtError(
+            f"{describe(spec.name, key)} is {found.status} under the key the earlier key rules (rs0) gave it "
+            f"({earlier_key}); nothing ran here. Settle that record first: {_resolve_command(earlier_key)} "
+            "--result '<json>' if its side effect happened, or --rerun if it did not; then call again.",
+            idempotency_key=idempotency_key,
+            owner=found.owner,
+            tool_name=spec.name,
+            key=key,
+        )
+    return False
+
+
+def _released(key: CallKey, owner: str) -> Generator[Effect, Any, None]:
+    """Give back a claim this owner holds, a failure to do so left to its lease."""
+    with contextlib.suppress(LedgerError):
+        yield Release(key, owner)
 
 
 def _replayed(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> Any:
@@ -711,7 +895,7 @@ def _reconcile(spec: ToolSpec, reconciler: Reconciler, owned: Run, in_doubt: int
             f"{owned.call.attempt}); the call stays in doubt: the next replay asks again, or settle it with "
             f"{_resolve_command(call.key)} --result '<json>' or --rerun",
         )
-        yield from _finish(spec, owned, Status.IN_DOUBT, None, fail_closed=False, reconciling=True)
+        yield from _finish(spec, owned, Status.IN_DOUBT, _steps_text(owned.call), fail_closed=False, reconciling=True)
         raise
     recorded = yield from _finish(
         spec, owned, Status.COMPLETED, encoded, fail_closed=True, result=answer, reconciling=True
@@ -846,7 +1030,7 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         run.host.emit(EventKind.TIMEOUT, str(exc), tool_name=spec.name, key=key, attempt=run.call.attempt)
         if exc.still_running:
             return  # the claim stays: the tool may still finish and record its result
-        yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
+        yield from _finish(spec, run, Status.IN_DOUBT, _steps_text(run.call), fail_closed=False)
     elif isinstance(exc, scope.pauses) or getattr(exc, _PAUSED_BELOW, False):
         # A pause (human in the loop) is not an outcome: the call is kept as paused, with its
         # completed steps, for the resume. Checked before the BaseException rule below: some
@@ -855,7 +1039,7 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         # recorded as a parent's failure, it would make the approved resume raise it forever.
         with contextlib.suppress(AttributeError, TypeError):  # an exception that takes no attribute
             setattr(exc, _PAUSED_BELOW, True)
-        yield from _finish(spec, run, Status.PAUSED, None, fail_closed=False)
+        yield from _finish(spec, run, Status.PAUSED, _steps_text(run.call), fail_closed=False)
         run.host.emit(
             EventKind.PAUSED,
             f"{describe(spec.name, key)} paused ({type(exc).__name__}); the next call of the same key runs it "
@@ -864,9 +1048,15 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
             key=key,
             attempt=run.call.attempt,
         )
+    elif isinstance(exc, CONTROL_ERRORS) and (recorded := _run_again(run.call)) is not None:
+        # Run again and stopped by replaysafe itself (a step refused, as not the one recorded at its place or
+        # with other arguments; a step in progress elsewhere, or in doubt; a ledger that cannot be read): the
+        # call is kept as its last execution left it, paused or in doubt, with its steps, so that the next run
+        # is checked again. Released, it would run with nothing to check its steps against.
+        yield from _finish(spec, run, recorded.status, _steps_text(run.call), fail_closed=False)
     elif not isinstance(exc, Exception):
         # Cancelled, interrupted, or a stream closed early: whether the side effect happened is unknown.
-        yield from _finish(spec, run, Status.IN_DOUBT, None, fail_closed=False)
+        yield from _finish(spec, run, Status.IN_DOUBT, _steps_text(run.call), fail_closed=False)
     elif not isinstance(exc, spec.record_errors) or isinstance(exc, CONTROL_ERRORS):
         # Other errors free the call for a retry; so does replaysafe's own (a step in progress, in
         # doubt or mismatched), which says nothing of how the tool would end: never its recorded failure.
@@ -882,6 +1072,11 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
             )
     else:
         yield from _finish(spec, run, Status.FAILED, encode_error(exc), fail_closed=False)
+
+
+def _run_again(call: CallInfo) -> RecordedSteps | None:
+    """What the record of the call's last execution said of its steps, if ``call`` runs it again."""
+    return call.recorded_steps if isinstance(call, RunningCall) else None
 
 
 def report_late(spec: ToolSpec, run: Run) -> None:

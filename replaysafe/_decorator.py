@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
+import threading
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, overload
 
@@ -28,14 +31,14 @@ from ._context import (
     check_in_doubt,
     timeout_setting,
 )
-from ._core import OnLedgerError, Phase, ToolSpec, begin, effective_timeout, replay
+from ._core import Earlier, OnLedgerError, Phase, ToolSpec, begin, effective_timeout, replay
 from ._drivers import Driving, Planned, adrive, drive
-from ._errors import MissingCallIdError, ToolTimeoutError, UnprotectedCallWarning, describe
+from ._errors import ArgumentDigestError, MissingCallIdError, ToolTimeoutError, UnprotectedCallWarning, describe
 from ._events import EventKind, emit, wanted
 from ._identity import SignatureDigest, args_digest
 from ._keys import args_key, business_key, step_key
 from ._owners import owner_token
-from ._records import new_tuple
+from ._records import CallKey, new_tuple
 from ._streaming import astream, begun_when_read, stream
 from .ledgers import Ledger
 
@@ -108,7 +111,11 @@ class _Tool:
         self._signatures = (signature, signature.replace(parameters=parameters[receiver:]))
         self._binders = (_Binder.of(parameters), _Binder.of(parameters[receiver:]))
         names = [parameter.name for parameter in parameters]
-        self._digests = (SignatureDigest(names, exclude_args), SignatureDigest(names[receiver:], exclude_args))
+        defaults = _defaults(parameters)
+        self._digests = (
+            SignatureDigest(names, exclude_args, defaults),
+            SignatureDigest(names[receiver:], exclude_args, defaults),
+        )
         # How many arguments, given by position, are every parameter in order (-1: no such call).
         self._arity = tuple(-1 if binder is None else binder.all_by_position for binder in self._binders)
         # Under @classmethod, Python 3.13 calls the wrapper with the class as a plain first argument
@@ -136,10 +143,38 @@ class _Tool:
         arguments = binder.bind(args, kwargs) if binder is not None else None
         if arguments is not None:
             return self._digests[method](arguments, self.spec.name)
-        arguments = self._bind(method, args, kwargs)
-        for name in self.exclude_args:
-            arguments.pop(name, None)
-        return args_digest(arguments, tool_name=self.spec.name)
+        return self._digests[method](self._bind(method, args, kwargs), self.spec.name)
+
+    def earlier(self, key: CallKey, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Earlier:
+        """The call as the earlier key rules (rs0) identified it: its argument digests (defaults
+        included, numbers by type) and, for a derived key, its keys (the tool's name in place of its
+        identity). Bound both with and without a receiver, as the protocol's ``args`` do not say
+        which: a digest of the wrong binding names other parameters, and matches no record."""
+        tried = [(0, args), (1, args)]
+        if self._class_first and args and isinstance(args[0], type):
+            tried.append((1, args[1:]))
+        digests: dict[str, dict[str, Any]] = {}
+        for method, given in tried:
+            try:
+                bound = self._signatures[method].bind(*given, **kwargs)
+            except TypeError:
+                continue
+            bound.apply_defaults()
+            arguments = {name: value for name, value in bound.arguments.items() if name not in self.exclude_args}
+            try:
+                digests[args_digest(arguments, tool_name=self.spec.name, rs0=True)] = dict(bound.arguments)
+            except ArgumentDigestError:
+                continue
+        keys: list[CallKey] = []
+        for digest, arguments in digests.items():
+            if self.key == "args":
+                keys.append(args_key(key.thread_id, self.spec.name, digest))
+            elif callable(self.key):
+                try:
+                    keys.append(business_key(self.spec.name, self.key(**arguments), rs0=True))
+                except Exception:  # a binding the key function does not take: not this call's
+                    continue
+        return Earlier(frozenset(digests), tuple(keys))
 
     def arguments(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The call's arguments by name, defaults applied (what a key function is given)."""
@@ -198,9 +233,9 @@ class _Tool:
                 self._missing_ids(scope, 'key="args" needs a thread id, and ')
                 return None
             digest = self.digest(instance, args, kwargs)
-            key = args_key(scope.key.thread_id, name, digest)
+            key = args_key(scope.key.thread_id, self.spec.identity, digest)
         else:
-            key = business_key(name, self.key(**self.arguments(instance, args, kwargs)))
+            key = business_key(self.spec.identity, self.key(**self.arguments(instance, args, kwargs)), tool_name=name)
             digest = self.digest(instance, args, kwargs)
         # The rest is written out here, not in helpers: it runs on every protected call.
         pauses = self.pause_on + _config.pauses
@@ -460,6 +495,9 @@ def replay_safe(
         raise TypeError(f"@replay_safe decorates functions, not {type(func).__name__}")
     tool_name = name or function.__name__
     where = f"@replay_safe on {tool_name}"
+    identity = name or _qualified_name(function)
+    if name is None:
+        _hold_identity(identity, function, where)
     if on_missing_ids not in ("warn", "raise"):
         raise ValueError(f"{where}: on_missing_ids must be 'warn' or 'raise'")
     if on_ledger_error not in ("warn", "raise"):
@@ -492,8 +530,10 @@ def replay_safe(
         max_result_bytes=max_result_bytes,
         function=function,
         streaming=is_stream,
+        identity=identity,
     )
     tool = _Tool(spec, ledger, timeout_setting(timeout, "timeout"), on_missing_ids, tuple(exclude_args), key, pauses)
+    spec.earlier = tool.earlier
 
     # Sync, async, or streaming is chosen once, here, not on every call. The frame that applied
     # the decorator: @replay_safe's own, or, for @replay_safe(...), the one that called the partial.
@@ -572,6 +612,54 @@ def _is_plain_function(func: Any, decorating: types.FrameType | None) -> bool:
         return False
     first = next(iter(inspect.signature(func).parameters), None)
     return first not in ("self", "cls")
+
+
+def _defaults(parameters: list[inspect.Parameter]) -> dict[str, Any]:
+    """Each parameter's default, as ``apply_defaults`` fills it in (``()`` and ``{}`` for ``*args``
+    and ``**kwargs``): an argument equal to it is left out of the digest."""
+    defaults: dict[str, Any] = {}
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            defaults[parameter.name] = ()
+        elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            defaults[parameter.name] = {}
+        elif parameter.default is not inspect.Parameter.empty:
+            defaults[parameter.name] = parameter.default
+    return defaults
+
+
+def _qualified_name(function: Any) -> str:
+    """``module:qualname``, the identity of a tool given no ``name=``."""
+    module = getattr(function, "__module__", None) or "?"
+    return f"{module}:{getattr(function, '__qualname__', None) or function.__name__}"
+
+
+#: The function holding each identity of a tool given no ``name=``, weakly: a function redefined
+#: and collected (a notebook cell run again) gives its identity back.
+_identities: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_identities_lock = threading.Lock()
+
+
+def _hold_identity(identity: str, function: Any, where: str) -> None:
+    """Refuse a second, different tool under one identity: the two would share their records (a
+    business key or ``key="args"`` would hand one tool's result to the other). The same function
+    decorated again, or the same code made anew (a factory's inner function), is the same tool."""
+    with _identities_lock:
+        held = _identities.get(identity)
+        code = getattr(function, "__code__", None)
+        if held is not None and held is not function and (code is None or getattr(held, "__code__", None) is not code):
+            raise ValueError(
+                f"{where}: two different tools have the identity {identity} ({_defined_at(held)} and "
+                f"{_defined_at(function)}), so they would share their records. Give each its own name with "
+                '@replay_safe(name="..."), or give both the same name= if they are one tool.'
+            )
+        with contextlib.suppress(TypeError):  # a callable that takes no weak reference is not checked
+            _identities[identity] = function
+
+
+def _defined_at(function: Any) -> str:
+    code = getattr(function, "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else repr(function)
 
 
 def _marked(wrapper: Any, tool: _Tool) -> Any:

@@ -75,10 +75,83 @@ _sorted_json = json_encoder(sort_keys=True, separators=(",", ":"), ensure_ascii=
 
 
 def _args_text(arguments: Mapping[str, Any]) -> str:
-    """The canonical text of an argument mapping: equal texts exactly for equal typed data."""
-    if type(arguments) is dict and is_plain(arguments):
-        return _sorted_json(arguments)  # starts with "{"
+    """The canonical text (rs1) of an argument mapping: equal texts exactly for equal typed data,
+    numbers compared by value (docs/keys.md)."""
+    if type(arguments) is dict:
+        arguments = _plain_numbers(arguments)
+        if is_plain(arguments):
+            return _sorted_json(arguments)  # starts with "{"
     return _TAGGED_FORM + _sorted_json(_canonical_tree(dict(arguments)))
+
+
+def _rs0_args_text(arguments: Mapping[str, Any]) -> str:
+    """The canonical text of the earlier rules (rs0): numbers by type (``59`` is not ``59.0``).
+    Only to find records written under them again."""
+    if type(arguments) is dict and is_plain(arguments):
+        return _sorted_json(arguments)
+    return _TAGGED_FORM + _sorted_json(_canonical_tree(dict(arguments), rs0=True))
+
+
+# --- numbers: by value (rs1) ---------------------------------------------------------
+#
+# A model asked twice may send 59 then 59.0 for one amount, and a framework may hand
+# the same number as a float or a Decimal: equal numbers are one call. Integral values
+# are written as integers (so int arguments digest as they always did), other floats as
+# their shortest round-trip text (as before), and a Decimal as the float of the same
+# value when there is one, else as a tagged exact decimal. NaN and infinities have no
+# value to compare: they are refused. ``True`` stays ``true``: a bool is not a number here.
+
+#: Integral values with more digits than this are refused, as CPython refuses to print such ints.
+_MAX_DIGITS = 4300
+
+
+def _number(value: float | decimal.Decimal) -> int | float | decimal.Decimal:
+    """A float or Decimal as the int or float of its value; a Decimal no float holds stays one."""
+    if isinstance(value, float):
+        if value != value or value in (math.inf, -math.inf):
+            raise ValueError("NaN and infinite numbers have no value to compare: send a number")
+        return int(value) if value.is_integer() else value
+    if not value.is_finite():
+        raise ValueError("NaN and infinite numbers have no value to compare: send a number")
+    if value == value.to_integral_value():
+        if value.adjusted() >= _MAX_DIGITS:
+            raise ValueError(f"an integral number of more than {_MAX_DIGITS} digits")
+        return int(value)
+    near = float(value)
+    if near.is_integer() or near in (math.inf, -math.inf) or decimal.Decimal(repr(near)) != value:
+        return value  # more digits than a float holds: an exact decimal of its own
+    return near
+
+
+def _exact_decimal(value: decimal.Decimal) -> str:
+    """The value's digits without trailing zeros and its exponent: one text per value (not
+    ``normalize()``, which rounds to the context's precision)."""
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)  # finite: NaN and infinities were refused
+    text = "".join(map(str, digits))
+    significant = text.rstrip("0")  # never empty: zero is integral, and never reaches here
+    return f"{'-' if sign else ''}{significant}E{exponent + len(text) - len(significant)}"
+
+
+def _plain_numbers(value: Any) -> Any:
+    """``value`` (dicts and lists of exact types, walked) with each float and Decimal by its value;
+    ``value`` itself when nothing changes, the common case."""
+    kind = type(value)
+    if kind is float or kind is decimal.Decimal:
+        return _number(value)
+    if kind is dict:
+        changed = None
+        for name, item in value.items():
+            kept = _plain_numbers(item)
+            if kept is not item:
+                if changed is None:
+                    changed = dict(value)
+                changed[name] = kept
+        return value if changed is None else changed
+    if kind is list:
+        items = [_plain_numbers(item) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    return value
 
 
 def _sorted_nodes(items: Any) -> list[Any]:
@@ -90,20 +163,23 @@ def _type_path(obj: Any) -> list[str]:
     return [type(obj).__module__, type(obj).__qualname__]
 
 
-def _canonical_tree(value: Any) -> Any:
-    """``value`` as JSON data in which every array is a tagged node: an injective image."""
+def _canonical_tree(value: Any, rs0: bool = False) -> Any:
+    """``value`` as JSON data in which every array is a tagged node: an injective image
+    (numbers by value; by type under the earlier rules, ``rs0``)."""
     kind = type(value)
+    if kind is float and not rs0:
+        return _number(value)
     if kind in JSON_SCALARS:
         return value
     if kind is dict:
         if all(type(key) is str for key in value):
-            return {key: _canonical_tree(item) for key, item in value.items()}
-        pairs = [[_canonical_tree(key), _canonical_tree(item)] for key, item in value.items()]
+            return {key: _canonical_tree(item, rs0) for key, item in value.items()}
+        pairs = [[_canonical_tree(key, rs0), _canonical_tree(item, rs0)] for key, item in value.items()]
         return ["dict", *_sorted_nodes(pairs)]
     if kind is list or kind is tuple:
-        return [kind.__name__, *(_canonical_tree(item) for item in value)]
+        return [kind.__name__, *(_canonical_tree(item, rs0) for item in value)]
     if kind is set or kind is frozenset:
-        return [kind.__name__, *_sorted_nodes(_canonical_tree(item) for item in value)]
+        return [kind.__name__, *_sorted_nodes(_canonical_tree(item, rs0) for item in value)]
     if kind is bytes or kind is bytearray or kind is memoryview:
         return [kind.__name__, bytes(value).hex()]
     if kind is dt.datetime or kind is dt.time:
@@ -114,10 +190,13 @@ def _canonical_tree(value: Any) -> Any:
     if kind is dt.timedelta:
         return ["timedelta", value.days, value.seconds, value.microseconds]
     if kind is decimal.Decimal:
-        return ["decimal", str(value)]  # the exact digits and exponent: 1.0 and 1.00 are different data
+        if rs0:
+            return ["decimal", str(value)]  # rs0: the exact digits and exponent (1.0 and 1.00 differed)
+        number = _number(value)
+        return ["decimal", _exact_decimal(number)] if type(number) is decimal.Decimal else number
     if kind is uuid.UUID:
         return ["uuid", value.hex]
-    return _class_node(value)
+    return _class_node(value, rs0)
 
 
 def _zone_node(value: dt.datetime | dt.time) -> Any:
@@ -139,20 +218,20 @@ def _zone_node(value: dt.datetime | dt.time) -> Any:
 _MICROSECOND = dt.timedelta(microseconds=1)
 
 
-def _class_node(value: Any) -> Any:
+def _class_node(value: Any, rs0: bool) -> Any:
     if isinstance(value, enum.Enum):
         if isinstance(value, enum.Flag):  # a combination of flags may have no name
-            return ["flag", *_type_path(value), _canonical_tree(value._value_)]
+            return ["flag", *_type_path(value), _canonical_tree(value._value_, rs0)]
         return ["enum", *_type_path(value), value._name_]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
-        return ["dataclass", *_type_path(value), _canonical_tree(fields)]
+        return ["dataclass", *_type_path(value), _canonical_tree(fields, rs0)]
     if callable(getattr(value, "model_dump", None)) and not isinstance(value, type):  # a pydantic model
         # Its fields and extra fields as they are: model_dump would turn a dataclass in an Any field into a dict.
-        return ["model", *_type_path(value), _canonical_tree(dict(value))]
+        return ["model", *_type_path(value), _canonical_tree(dict(value), rs0)]
     for base in _BUILTIN_BASES:
         if isinstance(value, base):  # a subclass of a builtin (a named tuple, an OrderedDict...): its type and data
-            return ["instance", *_type_path(value), _canonical_tree(_BUILTIN_BASES[base](value))]
+            return ["instance", *_type_path(value), _canonical_tree(_BUILTIN_BASES[base](value), rs0)]
     raise TypeError(f"{type(value).__module__}.{type(value).__qualname__}")
 
 
@@ -202,10 +281,11 @@ def _sha256(text: str) -> str:
     return _openssl_sha256(data).hexdigest()
 
 
-def args_digest(arguments: Mapping[str, Any], *, tool_name: str) -> str:
-    """The digest of a call's arguments, bound by name; stable across processes."""
+def args_digest(arguments: Mapping[str, Any], *, tool_name: str, rs0: bool = False) -> str:
+    """The digest of a call's arguments, bound by name; stable across processes (docs/keys.md).
+    ``rs0``: under the earlier rules, to find a record written under them."""
     try:
-        return _sha256(_args_text(arguments))
+        return _sha256(_rs0_args_text(arguments) if rs0 else _args_text(arguments))
     except (TypeError, ValueError, RecursionError) as exc:
         name = _offending_argument(arguments)
         raise ArgumentDigestError(
@@ -229,10 +309,12 @@ _string_text = json.encoder.encode_basestring  # the C encoder's function for en
 
 
 def _float_text(value: float) -> str:
-    if value != value:
-        return "NaN"
-    if value in (math.inf, -math.inf):
-        return "Infinity" if value > 0 else "-Infinity"
+    """A float's text by value (rs1): integral as an int; NaN and infinities raise ValueError
+    (then the general path names the argument)."""
+    if value.is_integer():
+        return int.__repr__(int(value))
+    if value != value or value in (math.inf, -math.inf):
+        raise ValueError("NaN and infinite numbers have no value to compare")
     return float.__repr__(value)
 
 
@@ -245,33 +327,53 @@ _SCALAR_TEXT: dict[type, Callable[[Any], str]] = {
 
 
 class SignatureDigest:
-    """``args_digest`` of an argument mapping without the names in ``exclude``, fast for mappings of ``names``.
+    """``args_digest`` of an argument mapping without the names in ``exclude`` and without the
+    arguments equal to their parameter's default (``defaults``), fast for mappings of ``names``.
 
     The same digest, computed without the general path's checks when every value is
     a JSON scalar of an exact type, or plain JSON data; from the bound mapping, or
-    (``of_positional``) straight from the values of every name in order.
+    (``of_positional``) straight from the values of every name in order. An argument
+    equal to its default is left out (docs/keys.md): a parameter added with a default
+    does not change the digest of the calls made before it existed.
     """
 
-    __slots__ = ("_by_name", "_by_position", "_exclude")
+    __slots__ = ("_by_name", "_by_position", "_defaults", "_exclude")
 
-    def __init__(self, names: Collection[str], exclude: Collection[str] = ()) -> None:
+    def __init__(
+        self, names: Collection[str], exclude: Collection[str] = (), defaults: Mapping[str, Any] | None = None
+    ) -> None:
         self._exclude = frozenset(exclude)
         order = list(names)
         kept = sorted(name for name in order if name not in self._exclude)
-        heads = [("" if i == 0 else ",") + _string_text(name) + ":" for i, name in enumerate(kept)]
+        # Each default's canonical text, in the general form and in the fast one (None: a default
+        # without one, which no argument is ever taken to equal).
+        given = defaults or {}
+        self._defaults = {name: _tree_text(given[name]) for name in kept if name in given}
+        fast_defaults = [_fast_text(given[name]) if name in given else None for name in kept]
+        heads = ["," + _string_text(name) + ":" for name in kept]
         # A name the result codec reserves makes the mapping take the tagged form: never fast.
         fast = TAG_KEY not in kept
-        self._by_name: tuple[tuple[str, str], ...] | None = tuple(zip(heads, kept, strict=True)) if fast else None
-        self._by_position: tuple[tuple[str, int], ...] | None = (
-            tuple(zip(heads, [order.index(name) for name in kept], strict=True)) if fast else None
+        self._by_name: tuple[tuple[str, str, str | None], ...] | None = (
+            tuple(zip(heads, kept, fast_defaults, strict=True)) if fast else None
+        )
+        self._by_position: tuple[tuple[str, int, str | None], ...] | None = (
+            tuple(zip(heads, [order.index(name) for name in kept], fast_defaults, strict=True)) if fast else None
         )
 
     def __call__(self, arguments: dict[str, Any], tool_name: str) -> str:
         text = self.text(arguments)
         if text is not None:
             return _sha256(text)
-        general = {name: value for name, value in arguments.items() if name not in self._exclude}
+        general = {
+            name: value
+            for name, value in arguments.items()
+            if name not in self._exclude and not self._at_default(name, value)
+        }
         return args_digest(general, tool_name=tool_name)
+
+    def _at_default(self, name: str, value: Any) -> bool:
+        default = self._defaults.get(name)
+        return default is not None and _tree_text(value) == default
 
     def of_positional(self, values: tuple[Any, ...]) -> str | None:
         """The digest of a call that gave ``values``, one for each of ``names`` in order; ``None``
@@ -293,33 +395,51 @@ class SignatureDigest:
         return _joined(heads, arguments)
 
 
+def _tree_text(value: Any) -> str | None:
+    """A value's canonical text in the general form, ``None`` if it has none."""
+    try:
+        return _sorted_json(_canonical_tree(value))
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def _fast_text(value: Any) -> str | None:
+    """A value's text as ``_joined`` writes it, ``None`` if it takes the general path."""
+    try:
+        text = _joined(((",", 0, None),), (_plain_numbers(value),))  # "{" + its text + "}"
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return None if text is None else text[1:-1]
+
+
 def _joined(
-    heads: tuple[tuple[str, Any], ...],
+    heads: tuple[tuple[str, Any, str | None], ...],
     source: Any,
     _string: type = str,
     _string_text: Callable[[str], str] = _string_text,
     _scalars: dict[type, Callable[[Any], str]] = _SCALAR_TEXT,
 ) -> str | None:
-    """``{`` then each head and the text of ``source[at]``, then ``}``: sorted-key JSON of the values
-    the heads name (by name in a mapping, by position in a tuple); ``None`` for the general path."""
-    text = "{"
+    """``{`` then each head (``,"name":``) and the text of ``source[at]``, unless that is its default's
+    text, then ``}``: sorted-key JSON of the values the heads name (by name in a mapping, by position
+    in a tuple); ``None`` for the general path."""
+    text = ""
     try:
-        for head, at in heads:
+        for head, at, default in heads:
             value = source[at]
             kind = type(value)
             if kind is _string:
-                text += head + _string_text(value)
-                continue
-            encode = _scalars.get(kind)
-            if encode is not None:
-                text += head + encode(value)
+                piece = _string_text(value)
+            elif (encode := _scalars.get(kind)) is not None:
+                piece = encode(value)
             elif (kind is dict or kind is list) and is_plain(value):
-                text += head + _sorted_json(value)  # sorted-key JSON is compositional: the value's own text
+                piece = _sorted_json(_plain_numbers(value))  # sorted-key JSON is compositional: the value's own text
             else:
                 return None
+            if piece != default:
+                text += head + piece
     except (KeyError, ValueError, RecursionError):
         return None  # another name set, or a value the general path reports
-    return text + "}"
+    return "{" + text[1:] + "}"
 
 
 def _offending_argument(arguments: Mapping[str, Any]) -> str:

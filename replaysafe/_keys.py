@@ -77,6 +77,17 @@ def step_key(parent: CallKey, tool_name: str, ordinal: int) -> CallKey:
     return CallKey(parent.thread_id, parent.message_id, f"{parent.tool_call_id}>{tool_name}#{ordinal}")
 
 
+def step_ordinal(key: CallKey, parent: CallKey, tool_name: str) -> int | None:
+    """``n`` if ``key`` is ``step_key(parent, tool_name, n)``, else ``None``."""
+    prefix = f"{parent.tool_call_id}>{tool_name}#"
+    if key.thread_id != parent.thread_id or key.message_id != parent.message_id:
+        return None
+    if not key.tool_call_id.startswith(prefix):
+        return None
+    digits = key.tool_call_id[len(prefix) :]
+    return int(digits) if digits.isascii() and digits.isdigit() and not digits.startswith("0") else None
+
+
 def step_parent(key: CallKey, tool_name: str) -> CallKey | None:
     """The parent's key if ``key`` is the key of a step named ``tool_name``, else ``None``."""
     match = _STEP_SUFFIX.search(key.tool_call_id)
@@ -89,23 +100,26 @@ def step_parent(key: CallKey, tool_name: str) -> CallKey | None:
     return CallKey(key.thread_id, key.message_id, head[: -len(suffix)])
 
 
-def args_key(thread_id: str, tool_name: str, digest: str) -> CallKey:
-    """``key="args"``: one call per thread, tool and arguments, whatever its message and call ids."""
-    return CallKey(thread_id, ARGS_MESSAGE_ID, f"{tool_name}:{digest}")
+def args_key(thread_id: str, tool: str, digest: str) -> CallKey:
+    """``key="args"``: one call per thread, tool and arguments, whatever its message and call ids.
+    ``tool`` is the tool's identity (its ``name=``, else ``module:qualname``; its name under rs0)."""
+    return CallKey(thread_id, ARGS_MESSAGE_ID, f"{tool}:{digest}")
 
 
-def business_key(tool_name: str, value: Any) -> CallKey:
+def business_key(tool: str, value: Any, *, tool_name: str | None = None, rs0: bool = False) -> CallKey:
     """``key=callable``: the tool's calls whose key function gave ``value``, in every thread.
+    ``tool`` is the tool's identity (as for ``args_key``), ``tool_name`` the name messages give it.
 
     Only a digest of ``value`` is stored: the key is made of arguments, and a call's key is
     quoted in messages and logs, which never carry argument values.
     """
+    tool_name = tool_name or tool
     try:
-        digest = args_digest({"key": value}, tool_name=tool_name)
+        digest = args_digest({"key": value}, tool_name=tool_name, rs0=rs0)
     except ArgumentDigestError:
         raise ArgumentDigestError(
             f"the key function of {tool_name} returned a {type(value).__name__}, which has no stable digest. "
             "Return data: a str, an int, or a tuple of them (an order id, a customer and an invoice number).",
             tool_name=tool_name,
         ) from None
-    return CallKey(BUSINESS_THREAD_ID, tool_name, digest)
+    return CallKey(BUSINESS_THREAD_ID, tool, digest)

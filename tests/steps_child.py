@@ -8,9 +8,10 @@ key and attempt the call handed it, so the test counts what really happened.
 started), ``inside-second-step`` (after ship's side effect, before it returns), or
 ``none``; print the result as JSON.
 
-``pause LEDGER_URL EFFECTS THREAD ANSWER``: call ``refund_and_confirm`` (a ``refund`` step,
-then a pause until ANSWER is not ``-``). On the pause, SIGKILL itself: the paused record
-is all the next process has. Otherwise print the result as JSON.
+``pause LEDGER_URL EFFECTS THREAD ANSWER [STEP]``: call ``refund_and_confirm`` (a ``refund`` step,
+named STEP when given, as a deploy may rename it; then a pause until ANSWER is not ``-``). On the
+pause, SIGKILL itself: the paused record is all the next process has. Otherwise print the result
+as JSON (an error raised is printed by the interpreter, which exits 1).
 
 ``args LEDGER_URL EFFECTS THREAD MESSAGE CALL POINT``: call ``refund`` (``key="args"``)
 under the given message and call ids; SIGKILL itself after the record if POINT is
@@ -68,12 +69,12 @@ class NeedsApproval(Exception):
     pass
 
 
-def pause(url: str, effects: str, thread: str, answer: str) -> None:
+def pause(url: str, effects: str, thread: str, answer: str, step: str = "refund") -> None:
     ledger = open_ledger(url)
 
-    @replay_safe(ledger=ledger)
+    @replay_safe(ledger=ledger, name=step)
     def refund(order_id: str) -> str:
-        effect(effects, "refund")
+        effect(effects, step)
         return f"re_{order_id}"
 
     @replay_safe(ledger=ledger, pause_on=NeedsApproval)

@@ -12,11 +12,21 @@ from typing import Any
 
 import pytest
 
-from replaysafe import CallInProgressError, CallKey, ClaimResult, JsonSerializer, LedgerError, Record, Status
-from replaysafe._context import CallScope
+from replaysafe import (
+    CallInProgressError,
+    CallKey,
+    ClaimResult,
+    JsonSerializer,
+    LedgerError,
+    Record,
+    ReplayMismatchError,
+    Status,
+)
+from replaysafe._context import CallScope, RunningCall
 from replaysafe._core import (
     Claim,
     Complete,
+    Get,
     Host,
     Release,
     Run,
@@ -27,8 +37,10 @@ from replaysafe._core import (
     held_after,
     judge,
     replay,
+    settle_error,
     undo_for,
 )
+from replaysafe._keys import step_key
 
 KEY = CallKey("t", "m", "c")
 NOW = datetime(2026, 12, 2, tzinfo=timezone.utc)
@@ -220,3 +232,90 @@ def test_a_paused_call_resumes_without_asking_the_in_doubt_policy() -> None:
     assert isinstance(run, Run)
     assert run.call.attempt == 2
     assert [kind for kind, _ in EVENTS if str(kind) == "in_doubt"] == []
+
+
+def resumed_parent(result: str | None) -> tuple[Any, Run]:
+    """A parent found paused with ``result`` and taken over: its protocol and the run it decided."""
+    protocol, _ = start()
+    assert isinstance(protocol.send(ClaimResult(record(Status.PAUSED, result=result), False)), Takeover)
+    run = protocol.send(Record(KEY, "refund_order", "d", Status.RUNNING, None, "me#1", 2, NOW, NOW, NOW))
+    assert isinstance(run, Run) and isinstance(run.call, RunningCall)
+    return protocol, run
+
+
+def step_protocol(parent: RunningCall, name: str) -> Any:
+    """The protocol of the next step named ``name`` made inside ``parent``, as the decorator plans it."""
+    scope = CallScope(step_key(parent.key, name, parent.next_ordinal(name)), parent=parent)
+    return replay(dataclasses.replace(SPEC, name=name), scope, "d", (), {}, None, None, "me#2", HOST)
+
+
+def test_a_first_executions_steps_are_claimed_with_no_other_ledger_operation() -> None:
+    """No record of an earlier execution: each step's first effect is its claim, as before (the hot path)."""
+    protocol, _ = start()
+    run = protocol.send(ClaimResult(record(Status.RUNNING), True))
+    assert isinstance(run, Run) and isinstance(run.call, RunningCall) and run.call.recorded_steps is None
+    for name in ("refund", "notify", "refund"):
+        assert isinstance(next(step_protocol(run.call, name)), Claim)
+    assert run.call.steps_made() == ("refund", "notify", "refund")
+
+
+def test_a_step_renamed_at_a_recorded_place_is_refused_before_its_claim() -> None:
+    """Run again after a pause that recorded a refund step: a step of another name at that place reads the
+    refund's record, and, found, is refused (nothing claimed); the parent is kept paused with its steps."""
+    _, run = resumed_parent('rs-steps-1:["refund"]')
+    assert isinstance(run.call, RunningCall)
+    step = step_protocol(run.call, "issue_refund")
+    get = next(step)
+    assert get == Get(CallKey("t", "m", "c>refund#1"))
+    EVENTS.clear()
+    with pytest.raises(ReplayMismatchError) as refused:
+        step.send(record(Status.COMPLETED, result='"re_1"'))
+    assert "'refund'" in str(refused.value) and "issue_refund" in str(refused.value)
+    assert [str(kind) for kind, _ in EVENTS] == ["mismatch"]
+    kept = next(settle_error(SPEC, CallScope(KEY), run, refused.value))
+    assert isinstance(kept, Complete)
+    assert (kept.status, kept.result) == (Status.PAUSED, 'rs-steps-1:["refund"]')  # the recorded name kept
+
+
+@pytest.mark.parametrize(
+    "stopped",
+    [
+        ReplayMismatchError("a step with other arguments"),
+        LedgerError("the ledger could not be read", transient=True),
+        CallInProgressError("a step runs in another worker"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_a_call_run_again_that_replaysafe_stops_is_kept_as_it_was_with_its_steps(stopped: Exception) -> None:
+    """Not released: released, its next run would have no steps to check a renamed one against."""
+    _, run = resumed_parent('rs-steps-1:["refund", "notify"]')
+    assert isinstance(run.call, RunningCall)
+    run.call.next_ordinal("refund")  # the run got as far as its first step
+    kept = next(settle_error(SPEC, CallScope(KEY), run, stopped))
+    assert isinstance(kept, Complete)
+    assert (kept.status, kept.result) == (Status.PAUSED, 'rs-steps-1:["refund", "notify"]')
+    assert isinstance(next(settle_error(SPEC, CallScope(KEY), run, ValueError("the tool's own"))), Release)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "made", "reads"),
+    [
+        pytest.param('rs-steps-1:["refund"]', ["refund"], False, id="the-same-step"),
+        pytest.param('rs-steps-1:["a", "b"]', ["b", "a"], False, id="recorded-at-another-place"),
+        pytest.param('rs-steps-1:["refund"]', ["refund", "notify"], False, id="past-the-recorded-places"),
+        pytest.param(None, ["issue_refund"], False, id="a-record-written-before-steps-were-kept"),
+        pytest.param('rs-steps-1:["lookup"]', ["find"], True, id="the-recorded-step-left-no-record"),
+    ],
+)
+def test_a_step_run_again_is_claimed_when_nothing_recorded_stands_in_its_place(
+    recorded: str | None, made: list[str], reads: bool
+) -> None:
+    _, run = resumed_parent(recorded)
+    assert isinstance(run.call, RunningCall)
+    for name in made:
+        step = step_protocol(run.call, name)
+        effect = next(step)
+        if reads:
+            assert isinstance(effect, Get)
+            effect = step.send(None)  # nothing recorded under the earlier step's key
+        assert isinstance(effect, Claim) and effect.tool_name == name

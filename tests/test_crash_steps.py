@@ -69,6 +69,30 @@ def test_a_step_then_a_pause_then_a_resume_in_a_new_process_refunds_once(
     assert [e[0] for e in effects_of(effects)] == ["refund"]
 
 
+def test_a_step_renamed_by_a_deploy_while_its_call_is_paused_is_refused_in_the_new_process(
+    durable_ledger_url: str, tmp_path: Path
+) -> None:
+    """Issue #29 across a real deploy: the process waiting for approval is killed after the refund step and
+    the pause are recorded; the new process ships the step renamed. Its resume is refused with
+    ReplayMismatchError naming both names, and refunds nothing; the call stays paused, and the next
+    process, with the recorded name back, finishes it: one refund in all."""
+    effects = tmp_path / "effects.log"
+    thread = new_thread()
+    paused = run_child("pause", durable_ledger_url, str(effects), thread, "-")
+    assert paused.returncode == -signal.SIGKILL, paused.stderr
+    for _ in range(2):
+        renamed = run_child("pause", durable_ledger_url, str(effects), thread, "approved", "issue_refund")
+        assert renamed.returncode == 1, renamed.stderr
+        error = renamed.stderr.strip().splitlines()[-1]
+        assert error.startswith("replaysafe.ReplayMismatchError: issue_refund (")
+        assert "made the step 'refund' at that place" in error
+        assert [e[0] for e in effects_of(effects)] == ["refund"]
+    resumed = run_child("pause", durable_ledger_url, str(effects), thread, "approved")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == {"result": "re_1042 approved"}
+    assert [e[0] for e in effects_of(effects)] == ["refund"]
+
+
 def test_key_args_a_replanned_call_under_new_ids_in_a_new_process_replays(
     durable_ledger_url: str, tmp_path: Path
 ) -> None:

@@ -27,6 +27,7 @@ from replaysafe._json import is_plain
 from replaysafe._owners import owner_alive, owner_token
 
 from . import result_domain
+from .ids import stable_repr
 from .result_domain import TAG, shape
 
 # JSON-like data with string keys: the domain the digest promises to be exact on.
@@ -34,10 +35,10 @@ scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(),
-    st.floats(allow_nan=False),
+    st.floats(allow_nan=False, allow_infinity=False),
     st.text(),
     st.datetimes(timezones=st.just(dt.timezone.utc)),
-    st.decimals(allow_nan=False),
+    st.decimals(allow_nan=False, allow_infinity=False).filter(lambda d: d.adjusted() < 4000),
     st.uuids(),
     st.binary(max_size=20),
 )
@@ -47,15 +48,40 @@ data = st.recursive(
 arguments = st.dictionaries(st.text(min_size=1, max_size=8), data, max_size=4)
 
 
+def by_value(number: float | decimal.Decimal | int) -> str:
+    """An independent text of a number's value (rs1): a float is the decimal its shortest text
+    spells, and equal values give one text whatever their type."""
+    exact = decimal.Decimal(repr(number)) if isinstance(number, float) else decimal.Decimal(number)
+    if not exact.is_finite():
+        return f"no value:{exact!r}"  # refused
+    if exact == exact.to_integral_value():
+        return "number:" + ("0" if exact == 0 else format(exact.to_integral_value(), "f"))
+    return "number:" + format(exact.normalize(decimal.Context(prec=100_000)), "E")
+
+
 def canonical(value: Any) -> str:
-    """An independent canonical form: repr of a type-tagged tree, with dict keys sorted."""
+    """An independent canonical form: repr of a type-tagged tree, with dict keys sorted, numbers by value."""
     if isinstance(value, dict):
         return "{" + ",".join(f"{k!r}:{canonical(v)}" for k, v in sorted(value.items())) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(canonical(v) for v in value) + "]"
-    if isinstance(value, float) and value == 0:
-        return repr(value)  # 0.0 and -0.0 are different data
+    if type(value) in (int, float, decimal.Decimal):
+        return by_value(value)
     return f"{type(value).__name__}:{value!r}"
+
+
+def digest_shape(value: Any) -> Any:
+    """``shape`` with numbers by value: equal digest shapes are exactly the equal calls of rs1."""
+    kind = type(value)
+    if kind in (int, float, decimal.Decimal):
+        return by_value(value)
+    if kind in (list, tuple):
+        return (kind.__name__, tuple(digest_shape(v) for v in value))
+    if kind in (set, frozenset):
+        return (kind.__name__, tuple(sorted((digest_shape(v) for v in value), key=repr)))
+    if kind is dict:
+        return ("dict", tuple(sorted(((digest_shape(k), digest_shape(v)) for k, v in value.items()), key=repr)))
+    return shape(value)
 
 
 @given(arguments)
@@ -73,10 +99,45 @@ def test_different_arguments_give_different_digests(a: dict[str, Any], b: dict[s
 
 
 def test_digest_tells_types_apart() -> None:
-    """A string is not the date it spells, nor 1 the same as 1.0 or True."""
-    values = ["2026-01-01", dt.date(2026, 1, 1), 1, 1.0, True, "1", decimal.Decimal("1"), [1], {"1": 1}]
+    """A string is not the date it spells, nor 1 the same as True or "1"."""
+    values = ["2026-01-01", dt.date(2026, 1, 1), 1, True, "1", [1], {"1": 1}, (1,), 1.5]
     digests = {args_digest({"x": v}, tool_name="t") for v in values}
     assert len(digests) == len(values)
+
+
+EQUAL_NUMBERS = [
+    (59, 59.0),
+    (59, decimal.Decimal("59.00")),
+    (0, -0.0),
+    (0, decimal.Decimal("-0.000")),
+    (decimal.Decimal("1.0"), decimal.Decimal("1.00")),
+    (0.1, decimal.Decimal("0.10")),
+    (1e22, 10**22),
+    (2.5e-7, decimal.Decimal("0.00000025")),
+    ([59, {"a": 1.0}], [59.0, {"a": decimal.Decimal(1)}]),
+    ((1.0, {2.0}), (1, {2})),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), EQUAL_NUMBERS, ids=stable_repr)
+def test_equal_numbers_are_one_call(a: Any, b: Any) -> None:
+    """Numbers are compared by value (rs1): a re-asked model sending 59.0 for 59 makes the same call."""
+    assert args_digest({"x": a}, tool_name="t") == args_digest({"x": b}, tool_name="t")
+    fast = SignatureDigest(["x"])
+    assert fast({"x": a}, "t") == fast({"x": b}, "t") == args_digest({"x": a}, tool_name="t")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [math.nan, math.inf, -math.inf, decimal.Decimal("NaN"), decimal.Decimal("-Infinity"), [1, {"a": math.nan}]],
+    ids=stable_repr,
+)
+def test_numbers_without_a_value_are_refused(value: Any) -> None:
+    """NaN and infinities equal nothing, themselves included: no digest, a named error, nothing runs."""
+    with pytest.raises(ArgumentDigestError, match="'x'"):
+        args_digest({"x": value}, tool_name="t")
+    with pytest.raises(ArgumentDigestError, match="'x'"):
+        SignatureDigest(["x"])({"x": value}, "t")
 
 
 def test_plain_arguments_digest_as_before() -> None:
@@ -101,8 +162,8 @@ LOOKALIKES = [
     ([1, 2], ["list", 1, 2]),
     (result_domain.Level.LOW, 1),
     (result_domain.Mode.READ, "read"),
-    (decimal.Decimal("1.0"), decimal.Decimal("1.00")),
-    (0.0, -0.0),
+    (decimal.Decimal("0.1000000000000000000001"), 0.1),  # more digits than a float holds: another value
+    (decimal.Decimal("1.0000000000000000001"), 1),
     (result_domain.Point(1, 2), {"x": 1, "y": 2}),
     (
         dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
@@ -133,8 +194,13 @@ def test_digests_are_equal_exactly_for_equal_arguments(a: dict[str, Any], b: dic
         b = JsonSerializer().loads(JsonSerializer().dumps(a))  # an equal copy, made anew
     elif relation == "lookalike":
         b = _lookalike(a)
-    same = shape(a) == shape(b)
-    assert (args_digest(a, tool_name="t") == args_digest(b, tool_name="t")) == same
+    same = digest_shape(a) == digest_shape(b)
+    digests = _digest_or_error(args_digest, a, tool_name="t"), _digest_or_error(args_digest, b, tool_name="t")
+    if any(digest.startswith("error:") for digest in digests):
+        # NaN, an infinity or a number too long to write has no digest (test_numbers_without_a_value_are_refused)
+        assert all(re.search(r"NaN and infinite|digits|limit", digest) for digest in digests if "error" in digest)
+        return
+    assert (digests[0] == digests[1]) == same
     if relation == "equal":
         assert same
 
@@ -146,7 +212,8 @@ def test_domain_digest_is_stable_across_processes(args: dict[str, Any]) -> None:
     code = (
         "import sys; import tests.result_domain; from replaysafe import JsonSerializer; "
         "from replaysafe._identity import args_digest; "
-        "print(args_digest(JsonSerializer().loads(sys.stdin.read()), tool_name='t'))"
+        "from tests.test_identity import _digest_or_error; "
+        "print(_digest_or_error(args_digest, JsonSerializer().loads(sys.stdin.read()), tool_name='t'))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run(
@@ -158,7 +225,7 @@ def test_domain_digest_is_stable_across_processes(args: dict[str, Any]) -> None:
         env=env,
         timeout=60,
     ).stdout.strip()
-    assert out == args_digest(args, tool_name="t")
+    assert out == _digest_or_error(args_digest, args, tool_name="t")
 
 
 @settings(max_examples=5, deadline=None)
@@ -393,13 +460,24 @@ def test_signature_digest_is_the_general_digest(names: list[str], data: st.DataO
     # A mapping of other names now and then: the fast path must notice and step aside.
     extra = data.draw(st.dictionaries(st.text(max_size=3), plain_json, max_size=2), label="extra")
     arguments = {**values, **extra} if extra and data.draw(st.booleans(), label="use extra") else dict(values)
-    general = {name: value for name, value in arguments.items() if name not in exclude}
-    fast = SignatureDigest(names, exclude)
+    # Defaults: some the value given (then it is left out), some another value.
+    defaults = {
+        name: values[name] if data.draw(st.booleans(), label=f"{name} at its default") else data.draw(plain_json)
+        for name in data.draw(st.lists(st.sampled_from(names), unique=True) if names else st.just([]), label="defaults")
+    }
+    general = {
+        name: value
+        for name, value in arguments.items()
+        if name not in exclude and not _at_default(name, value, defaults)
+    }
+    fast = SignatureDigest(names, exclude, defaults)
     expected = _digest_or_error(args_digest, general, tool_name="t")
     assert _digest_or_error(fast, arguments, "t") == expected
     # Given by position, every name in order: the same digest, or None for the general path.
     positional = fast.of_positional(tuple(values[name] for name in names))
-    of_values = {name: value for name, value in values.items() if name not in exclude}
+    of_values = {
+        name: value for name, value in values.items() if name not in exclude and not _at_default(name, value, defaults)
+    }
     assert positional in (None, _digest_or_error(args_digest, of_values, tool_name="t"))
     kept = [name for name in names if name not in exclude]
     if arguments.keys() == set(names) and TAG not in kept and all(_common(arguments[n]) for n in kept):
@@ -409,6 +487,13 @@ def test_signature_digest_is_the_general_digest(names: list[str], data: st.DataO
         assert positional is not None, "a common shape given by position took the general path"
 
 
+def _at_default(name: str, value: Any, defaults: dict[str, Any]) -> bool:
+    """The rule, independently: equal by value to a default that has a digest (one without is never met)."""
+    if name not in defaults or digest_shape(value) != digest_shape(defaults[name]):
+        return False
+    return not _digest_or_error(args_digest, {"d": defaults[name]}, tool_name="t").startswith("error:")
+
+
 def _common(value: Any) -> bool:
     """A value of the shapes the fast path takes (it falls back on an int too long to print, at any depth:
     no digest exists for one, and the general path says so)."""
@@ -416,7 +501,9 @@ def _common(value: Any) -> bool:
         return abs(value) < 10**4000
     if type(value) in (dict, list):
         return is_plain(value) and all(_common(item) for item in (value.values() if type(value) is dict else value))
-    return type(value) in (str, float, bool, type(None))
+    if type(value) is float:
+        return math.isfinite(value)  # NaN and infinities have no digest: the general path names them
+    return type(value) in (str, bool, type(None))
 
 
 class Orders:
@@ -442,6 +529,7 @@ def charge(order_id: str, lines: list[dict[str, Any]], session: object = None, r
             {"lines": [], "rush": True, "session": object()},
             {"order_id": "1", "lines": [], "rush": True},
         ),
+        (charge, None, ("1", []), {"rush": False}, {"order_id": "1", "lines": []}),  # rush at its default
         (  # every parameter by position: digested from the values, the excluded one left out
             charge,
             None,
@@ -449,7 +537,8 @@ def charge(order_id: str, lines: list[dict[str, Any]], session: object = None, r
             {},
             {"order_id": "1", "lines": [{"sku": "a"}], "rush": True},
         ),
-        (Orders.refund, Orders(), ("9",), {"note": "é"}, {"order_id": "9", "amount": 5, "note": "é"}),
+        (Orders.refund, Orders(), ("9",), {"note": "é"}, {"order_id": "9", "note": "é"}),  # amount at its default
+        (Orders.refund, Orders(), ("9", 5.0), {"note": None}, {"order_id": "9"}),  # 5.0 is its default 5
         (Orders.ship, Orders(), ("9", ["a"]), {}, {"order_id": "9", "lines": ["a"]}),
         (Orders.refund, Orders(), (), {"order_id": "9", "amount": 1.5}, {"order_id": "9", "amount": 1.5}),
     ],
@@ -457,17 +546,15 @@ def charge(order_id: str, lines: list[dict[str, Any]], session: object = None, r
 def test_decorated_tools_digest_their_bound_arguments(
     tool: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], bound: dict[str, Any]
 ) -> None:
-    """Through the decorator (defaults applied, methods without self, excluded names left out): the general digest."""
-    expected = (
-        {"rush": False, **bound} if tool is charge else bound if tool.__name__ == "ship" else {"note": None, **bound}
-    )
+    """Through the decorator (methods without self, excluded names and arguments at their default left out):
+    the general digest."""
     digest = tool._self_replaysafe_tool.digest(instance, args, kwargs)
-    assert digest == args_digest(expected, tool_name="t")
+    assert digest == args_digest(bound, tool_name="t")
 
 
 EDGE_SCALARS = [
-    math.nan, math.inf, -math.inf, -0.0, 0.0, 1e300, 5e-324, 0.1, 2**63, -(2**63), 0, True, False, None,
-    "", '"\\\n\t\x00\u2028', "\ud800", "é€😀", [math.inf, {"k": -math.inf}], {"": [None, "\udfff"]},
+    -0.0, 0.0, 1e300, 5e-324, 0.1, 2**63, -(2**63), 0, True, False, None,
+    "", '"\\\n\t\x00\u2028', "\ud800", "é€😀", [1.0, {"k": -1e300}], {"": [None, "\udfff"]},
 ]  # fmt: skip
 
 

@@ -54,7 +54,11 @@ def test_key_args_makes_a_replanned_call_under_new_ids_the_same_call(ledger: Led
     assert len(set(keys)) == 3
     records = [r for r in ledger.records() if r.tool_name == "refund" and r.key.thread_id == thread]
     assert len(records) == 2
-    assert all(r.key.message_id == "replaysafe:args" and r.key.tool_call_id.startswith("refund:") for r in records)
+    # Under the tool's identity (module:qualname), then the argument digest.
+    identity = (
+        f"{__name__}:{test_key_args_makes_a_replanned_call_under_new_ids_the_same_call.__qualname__}.<locals>.refund"
+    )
+    assert all(r.key.message_id == "replaysafe:args" and r.key.tool_call_id.startswith(identity + ":") for r in records)
 
 
 def test_key_args_without_a_thread_id_is_unprotected(ledger: Ledger) -> None:
@@ -94,7 +98,7 @@ def test_a_business_key_is_one_call_across_threads(ledger: Ledger) -> None:
     refund(other, 60)
     assert refunds == [order, other]
     assert len(keys) == 2 and keys[0] != keys[1]
-    record = next(r for r in ledger.records(thread_id="replaysafe:key") if r.key.message_id == "refund")
+    record = next(r for r in ledger.records(thread_id="replaysafe:key") if r.key.message_id.endswith(".refund"))
     assert order not in "".join(record.key)  # only a digest of the key is stored
 
 

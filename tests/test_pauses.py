@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -11,6 +13,7 @@ from replaysafe import (
     Event,
     EventKind,
     Ledger,
+    ReplayMismatchError,
     Status,
     _config,
     register_pause,
@@ -58,7 +61,8 @@ def test_a_refund_then_a_pause_refunds_once_on_resume(ledger: Ledger, events: li
     with tool_call(*ids), pytest.raises(NeedsApproval):
         refund_and_confirm("o1")
     paused = ledger.get(CallKey(*ids))
-    assert paused is not None and paused.status is Status.PAUSED and paused.result is None
+    assert paused is not None and paused.status is Status.PAUSED
+    assert paused.result == 'rs-steps-1:["refund"]'  # no result: the name of each step made, in order
     step = ledger.get(CallKey(ids[0], ids[1], f"{ids[2]}>refund#1"))
     assert step is not None and step.status is Status.COMPLETED
     assert [e.kind for e in events if e.key == CallKey(*ids)] == [EventKind.PAUSED]
@@ -210,3 +214,136 @@ def test_a_paused_call_can_be_settled_by_hand(ledger: Ledger) -> None:
     assert settled is not None and settled.status is Status.COMPLETED
     with tool_call(*ids):
         assert wait_for_human() == "declined by hand"
+
+
+def refund_then_approval(
+    ledger: Ledger, effects: list[str], answer: str | None, *, step: str = "refund", amount: int = 10
+) -> Callable[[str], str]:
+    """The docs' pause example as a deploy would ship it: the refund step's name (``step``) and argument
+    (``amount``) are what the deployed code says; ``answer`` is the human's (``None``: not yet)."""
+
+    @replay_safe(ledger=ledger, name=step)
+    def refund(order_id: str, amount: int) -> str:
+        effects.append(f"{step} {order_id} {amount}")
+        return f"re_{order_id}"
+
+    @replay_safe(ledger=ledger, pause_on=NeedsApproval)
+    def refund_then_confirm(order_id: str) -> str:
+        receipt = refund(order_id, amount)  # recorded before the pause: replays on resume
+        if answer is None:
+            raise NeedsApproval("ask a human")
+        return f"{receipt}, approved: {answer}"
+
+    return refund_then_confirm
+
+
+def test_a_step_renamed_while_its_call_is_paused_is_refused_and_runs_nothing(
+    ledger: Ledger, events: list[Event]
+) -> None:
+    """Issue #29: the refund step is renamed by a deploy while the call waits for approval. On resume the
+    renamed step finds no record under its new key; the record of the paused call says a step named refund
+    stood at its place, and refund is recorded: ReplayMismatchError naming both, nothing runs, and the call
+    stays paused, so every later resume is refused too until the step runs under its recorded name."""
+    effects: list[str] = []
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(NeedsApproval):
+        refund_then_approval(ledger, effects, None)("o1")
+    for _ in range(2):
+        with tool_call(*ids), pytest.raises(ReplayMismatchError) as refused:
+            refund_then_approval(ledger, effects, "yes", step="issue_refund")("o1")
+        message = str(refused.value)
+        assert "'refund'" in message and "issue_refund" in message and "did not run" in message
+        assert "@replay_safe(name='refund')" in message
+        paused = ledger.get(CallKey(*ids))
+        assert paused is not None and paused.status is Status.PAUSED
+        assert paused.result == 'rs-steps-1:["refund"]'
+    assert effects == ["refund o1 10"]
+    assert ledger.get(CallKey(ids[0], ids[1], f"{ids[2]}>issue_refund#1")) is None  # never even claimed
+    mismatches = [e for e in events if e.kind is EventKind.MISMATCH]
+    assert [e.tool_name for e in mismatches] == ["issue_refund", "issue_refund"]
+    # Deployed again under the recorded name: the resume replays the refund and finishes.
+    with tool_call(*ids):
+        assert refund_then_approval(ledger, effects, "yes")("o1") == "re_o1, approved: yes"
+    assert effects == ["refund o1 10"]
+
+
+def test_a_step_with_other_arguments_after_a_pause_is_refused_and_the_call_stays_paused(ledger: Ledger) -> None:
+    """The same step at its place, called with other arguments on resume: its own record refuses it, as
+    before, and the call is kept paused (not released) so that the next resume is checked again."""
+    effects: list[str] = []
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(NeedsApproval):
+        refund_then_approval(ledger, effects, None)("o1")
+    with tool_call(*ids), pytest.raises(ReplayMismatchError, match="other arguments"):
+        refund_then_approval(ledger, effects, "yes", amount=11)("o1")
+    paused = ledger.get(CallKey(*ids))
+    assert paused is not None and paused.status is Status.PAUSED and paused.attempt == 2
+    with tool_call(*ids):
+        assert refund_then_approval(ledger, effects, "yes")("o1") == "re_o1, approved: yes"
+    assert effects == ["refund o1 10"]
+
+
+def test_an_unchanged_resume_replays_its_steps_and_new_steps_after_them_run(ledger: Ledger) -> None:
+    """The check costs a resume nothing it did before: the recorded steps replay in their places, and a
+    step past the places the paused execution reached is new work and runs."""
+    effects: list[str] = []
+    answers = iter([None, None, "yes"])
+
+    @replay_safe(ledger=ledger)
+    def charge(n: int) -> int:
+        effects.append(f"charge {n}")
+        return n
+
+    @replay_safe(ledger=ledger)
+    def notify(n: int) -> int:
+        effects.append(f"notify {n}")
+        return n
+
+    @replay_safe(ledger=ledger, pause_on=NeedsApproval)
+    def flow() -> int:
+        total = charge(1) + notify(2) + charge(3)
+        answer = next(answers)
+        if answer is None:
+            raise NeedsApproval("ask")
+        return total + notify(4)  # after the pause: a fourth place, new on the last resume
+
+    ids = new_ids()
+    for _ in range(2):
+        with tool_call(*ids), pytest.raises(NeedsApproval):
+            flow()
+    with tool_call(*ids):
+        assert flow() == 10
+    with tool_call(*ids):
+        assert flow() == 10  # finished: replayed
+    assert effects == ["charge 1", "notify 2", "charge 3", "notify 4"]
+
+
+async def test_an_async_step_renamed_while_its_call_is_paused_is_refused(ledger: Ledger) -> None:
+    """The same refusal through the async driver (the earlier step's record read with the async ledger)."""
+    effects: list[str] = []
+
+    def build(step: str, answer: str | None) -> Callable[[], Any]:
+        @replay_safe(ledger=ledger, name=step)
+        async def charge() -> str:
+            effects.append(step)
+            return "c"
+
+        @replay_safe(ledger=ledger)
+        async def flow() -> str:
+            receipt = await charge()
+            if answer is None:
+                raise GraphInterrupt("waiting")
+            return receipt + answer
+
+        return flow
+
+    ids = new_ids()
+    async with tool_call(*ids, pauses=(GraphInterrupt,)):
+        with pytest.raises(GraphInterrupt):
+            await build("charge", None)()
+    async with tool_call(*ids, pauses=(GraphInterrupt,)):
+        with pytest.raises(ReplayMismatchError, match="'charge'"):
+            await build("capture", "ok")()
+    async with tool_call(*ids, pauses=(GraphInterrupt,)):
+        assert await build("charge", "ok")() == "cok"
+    assert effects == ["charge"]

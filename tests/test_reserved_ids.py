@@ -88,7 +88,7 @@ def test_the_business_key_thread_is_refused(ledger: Ledger) -> None:
     with tool_call(new_thread(), "msg_1", "call_1"):
         assert refund("o1") == "re_o1"
     (record,) = ledger.records(thread_id=BUSINESS_THREAD_ID)
-    assert record.key.message_id == "refund"
+    assert record.key.message_id == f"{__name__}:test_the_business_key_thread_is_refused.<locals>.refund"
     with pytest.raises(InvalidCallIdError) as raised:
         tool_call(*record.key)
     message = str(raised.value)

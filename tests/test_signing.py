@@ -24,6 +24,7 @@ from replaysafe import (
     MemoryLedger,
     Record,
     RecordedToolError,
+    ReplayMismatchError,
     SqliteLedger,
     Status,
     TamperedRecordError,
@@ -251,6 +252,43 @@ def test_a_completed_call_forged_paused_is_refused_and_never_runs_again(signed: 
     stored = ledger.get(key)
     assert stored is not None
     assert stored.status is Status.PAUSED  # left as found, for an operator to inspect
+
+
+def stepped(ledger: Ledger, runs: list[str], step: str, interrupt: bool) -> Any:
+    """A call with one step (named ``step``); with ``interrupt``, interrupted after it: left in doubt."""
+
+    @replay_safe(ledger=ledger, name=step)
+    def charge(order_id: str) -> str:
+        runs.append(step)
+        return f"ch_{order_id}"
+
+    @replay_safe(ledger=ledger)
+    def checkout(order_id: str) -> str:
+        charged = charge(order_id)
+        if interrupt:
+            raise KeyboardInterrupt
+        return charged
+
+    return checkout
+
+
+def test_the_steps_kept_in_an_in_doubt_record_are_sealed_and_checked(signed: Any) -> None:
+    """An in-doubt record that keeps its call's steps is sealed like a finished one: a renamed step is
+    refused against it, and a list of steps rewritten without the key is refused before anything runs."""
+    ledger, tamper, _ = signed
+    runs: list[str] = []
+    key = new_key()
+    with tool_call(*key), pytest.raises(KeyboardInterrupt):
+        stepped(ledger, runs, "charge", interrupt=True)("1")
+    kept = ledger.get(key)
+    assert kept is not None and kept.status is Status.IN_DOUBT
+    assert kept.result is not None and kept.result.startswith("rs-seal-1:") and kept.result.endswith('["charge"]')
+    with tool_call(*key), pytest.raises(ReplayMismatchError, match="'charge'"):
+        stepped(ledger, runs, "capture", interrupt=False)("1")
+    tamper(ledger, key, {"result": 'rs-steps-1:["capture"]'})  # as if capture had been the step there
+    with tool_call(*key), pytest.raises(TamperedRecordError, match="without a seal"):
+        stepped(ledger, runs, "capture", interrupt=False)("1")
+    assert runs == ["charge"]
 
 
 def test_a_status_flip_is_refused(signed: Any) -> None:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import pickle
+import threading
 import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -346,7 +350,243 @@ def test_a_steps_control_error_is_never_recorded_as_its_parents_failure(ledger: 
     amount[0] = 2  # not deterministic: the step at position 1 now gets other arguments
     with tool_call(*key, in_doubt="rerun"), pytest.raises(ReplayMismatchError):
         checkout()
-    assert ledger.get(CallKey(*key)) is None  # released for a retry, not recorded as failed
+    kept = ledger.get(CallKey(*key))  # not recorded as failed: kept in doubt, as the refused run found it
+    assert kept is not None and kept.status is Status.IN_DOUBT
     amount[0] = 1
     with tool_call(*key, in_doubt="rerun"):
         assert checkout() == 1  # runs again: its step replays
+
+
+# --- a step's place in a call run again (issue #29) ------------------------------------------------------
+
+
+def charge_then_ship(
+    ledger: Ledger, effects: list[str], *, charge_as: str = "charge", interrupt: bool = False
+) -> Callable[[str], str]:
+    """Two steps, ``charge`` (under the name a deploy gives it: ``charge_as``) and ``ship``; with
+    ``interrupt`` the process is interrupted inside ``ship``, so the parent is left in doubt."""
+
+    @replay_safe(ledger=ledger, name=charge_as)
+    def charge(order_id: str) -> str:
+        effects.append(f"{charge_as} {order_id}")
+        return f"ch_{order_id}"
+
+    @replay_safe(ledger=ledger)
+    def ship(order_id: str) -> str:
+        effects.append(f"ship {order_id}")
+        if interrupt:
+            raise KeyboardInterrupt  # whether it shipped is unknown: ship and its parent are in doubt
+        return f"sh_{order_id}"
+
+    @replay_safe(ledger=ledger)
+    def fulfil(order_id: str) -> str:
+        return f"{charge(order_id)} {ship(order_id)}"
+
+    return fulfil
+
+
+def test_a_step_renamed_while_its_parent_is_in_doubt_is_refused(ledger: Ledger) -> None:
+    """Interrupted inside its second step, the parent is left in doubt with the names of its steps in its
+    record. Deployed with the first step renamed, the rerun refuses the renamed step (it would charge
+    again under a new key), names both, runs nothing, and leaves the parent in doubt as it found it; the
+    step under its recorded name replays, and only the step that was in doubt runs again."""
+    effects: list[str] = []
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(KeyboardInterrupt):
+        charge_then_ship(ledger, effects, interrupt=True)("o1")
+    parent = ledger.get(CallKey(*ids))
+    assert parent is not None and parent.status is Status.IN_DOUBT
+    assert parent.result == 'rs-steps-1:["charge", "ship"]'
+    with tool_call(*ids), pytest.raises(ReplayMismatchError) as refused:
+        charge_then_ship(ledger, effects, charge_as="capture")("o1")
+    assert "capture" in str(refused.value) and "'charge'" in str(refused.value)
+    assert effects == ["charge o1", "ship o1"]
+    kept = ledger.get(CallKey(*ids))
+    assert kept is not None and kept.status is Status.IN_DOUBT and kept.result == parent.result
+    assert ledger.get(step_key(ids, "capture#1")) is None
+    with tool_call(*ids):
+        assert charge_then_ship(ledger, effects)("o1") == "ch_o1 sh_o1"
+    assert effects == ["charge o1", "ship o1", "ship o1"]
+
+
+def test_a_step_replaced_in_a_nested_step_is_refused(ledger: Ledger) -> None:
+    """Places are counted in each parent: a step of a step that pauses is checked against the steps
+    that step made, in the step's own paused record."""
+    effects: list[str] = []
+    answers = iter([None, "ok"])
+
+    class Waiting(Exception):
+        pass
+
+    def build(inner_name: str) -> Callable[[], str]:
+        @replay_safe(ledger=ledger, name=inner_name)
+        def inner() -> str:
+            effects.append(inner_name)
+            return inner_name
+
+        @replay_safe(ledger=ledger, pause_on=Waiting)
+        def middle() -> str:
+            done = inner()
+            if next(answers) is None:
+                raise Waiting("a human")
+            return done
+
+        @replay_safe(ledger=ledger)
+        def top() -> str:
+            return middle()
+
+        return top
+
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(Waiting):
+        build("reserve")()
+    middle_record = ledger.get(step_key(ids, "middle#1"))
+    assert middle_record is not None and middle_record.result == 'rs-steps-1:["reserve"]'
+    with tool_call(*ids), pytest.raises(ReplayMismatchError, match="'reserve'"):
+        build("hold")()
+    assert effects == ["reserve"]
+    with tool_call(*ids):
+        assert build("reserve")() == "reserve"
+    assert effects == ["reserve"]
+
+
+def test_steps_recorded_at_other_places_replay_where_they_are_called(ledger: Ledger) -> None:
+    """A resume that calls its recorded steps in another order (steps made in parallel threads do) is
+    answered by each step's own record, as before: a place is refused only for a step recorded nowhere."""
+    effects: list[str] = []
+    order = [("a", "b"), ("b", "a")]
+
+    @replay_safe(ledger=ledger)
+    def a() -> str:
+        effects.append("a")
+        return "A"
+
+    @replay_safe(ledger=ledger)
+    def b() -> str:
+        effects.append("b")
+        return "B"
+
+    steps = {"a": a, "b": b}
+
+    @replay_safe(ledger=ledger)
+    def parent() -> str:
+        made = "".join(steps[name]() for name in order[0])
+        if len(order) > 1:
+            order.pop(0)
+            raise KeyboardInterrupt  # in doubt after both steps
+        return made
+
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(KeyboardInterrupt):
+        parent()
+    with tool_call(*ids):
+        assert parent() == "BA"
+    assert effects == ["a", "b"]
+
+
+def test_steps_made_in_parallel_threads_replay_after_a_pause(ledger: Ledger) -> None:
+    """Two steps of different names made at once in threads take their places in whatever order the
+    threads reach them: either order replays."""
+    effects: list[str] = []
+    answers = iter([None, "ok"])
+    lock = threading.Lock()
+
+    class Waiting(Exception):
+        pass
+
+    def step(name: str) -> Callable[[], str]:
+        @replay_safe(ledger=ledger, name=name)
+        def run() -> str:
+            with lock:
+                effects.append(name)
+            return name
+
+        return run
+
+    left, right = step("left"), step("right")
+
+    @replay_safe(ledger=ledger, pause_on=Waiting)
+    def both() -> list[str]:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(contextvars.copy_context().run, tool) for tool in (right, left)]
+            made = sorted(future.result(timeout=30) for future in futures)
+        if next(answers) is None:
+            raise Waiting("a human")
+        return made
+
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(Waiting):
+        both()
+    with tool_call(*ids):
+        assert both() == ["left", "right"]
+    assert sorted(effects) == ["left", "right"]
+
+
+def test_a_place_whose_step_left_no_record_takes_a_new_step(ledger: Ledger) -> None:
+    """The step at a place raised (its claim released, nothing recorded), the parent went on and paused:
+    a step renamed there since has nothing recorded to run twice, and runs."""
+    effects: list[str] = []
+
+    class Waiting(Exception):
+        pass
+
+    def build(name: str, fails: bool) -> Callable[[], str]:
+        @replay_safe(ledger=ledger, name=name)
+        def lookup() -> str:
+            effects.append(name)
+            if fails:
+                raise ValueError("the provider is down")
+            return name
+
+        @replay_safe(ledger=ledger, pause_on=Waiting)
+        def parent() -> str:
+            try:
+                found = lookup()
+            except ValueError:
+                raise Waiting("try again later") from None
+            return found
+
+        return parent
+
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(Waiting):
+        build("lookup", fails=True)()
+    assert ledger.get(step_key(ids, "lookup#1")) is None
+    with tool_call(*ids):
+        assert build("find", fails=False)() == "find"
+    assert effects == ["lookup", "find"]
+
+
+def test_a_call_paused_before_its_steps_were_kept_still_replays_them(ledger: Ledger) -> None:
+    """A paused record written by an earlier version holds no step names: its resume replays each
+    recorded step by its key, as it always did (there is nothing to check a renamed one against)."""
+    effects: list[str] = []
+    answers = iter([None, "ok"])
+
+    class Waiting(Exception):
+        pass
+
+    @replay_safe(ledger=ledger)
+    def refund() -> str:
+        effects.append("refund")
+        return "re"
+
+    @replay_safe(ledger=ledger, pause_on=Waiting)
+    def parent() -> str:
+        receipt = refund()
+        if next(answers) is None:
+            raise Waiting("a human")
+        return receipt
+
+    ids = new_ids()
+    with tool_call(*ids), pytest.raises(Waiting):
+        parent()
+    # Rewritten as an earlier version wrote it: paused, no result.
+    now = datetime.now(timezone.utc)
+    paused = ledger.get(CallKey(*ids))
+    assert paused is not None and paused.result is not None
+    assert ledger.takeover(paused, owner="an-earlier-version", now=now, lease_expires_at=now + timedelta(minutes=5))
+    assert ledger.complete(CallKey(*ids), owner="an-earlier-version", status=Status.PAUSED, result=None, now=now)
+    with tool_call(*ids):
+        assert parent() == "re"
+    assert effects == ["refund"]
