@@ -14,7 +14,8 @@ VECTORS = json.loads((Path(__file__).parents[3] / "tests" / "key_vectors.json").
 
 def test_the_client_sends_the_calls_key_under_the_spec_meta_entry() -> None:
     for case in VECTORS["mcp_meta_key"]:
-        key = CallInfo(*case["ids"], tool_name=case["tool_name"], attempt=1).idempotency_key
+        thread_id, message_id, tool_call_id = case["ids"]
+        key = CallInfo(thread_id, message_id, tool_call_id, case["tool_name"], 1).idempotency_key
         assert _with_key(None, key) == case["meta"]
         assert _with_key({"progressToken": 1}, key) == {**case["meta"], "progressToken": 1}
         assert list(case["meta"]) == [META_KEY]

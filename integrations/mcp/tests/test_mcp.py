@@ -14,7 +14,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, ToolAnnotations
 
-from replaysafe import CallInfo, CallKey, SqliteLedger, Status, replay_safe, tool_call
+from replaysafe import CallInfo, CallKey, SqliteLedger, Status, UnprotectedCallWarning, replay_safe, tool_call
 from replaysafe_mcp import META_KEY, ReplaySafeMiddleware, in_doubt_default, replay_safe_session
 
 from mcp_harness import WAIT, HttpServer, Transport, connect, effects, kill_server, server_env, wait_for_file
@@ -272,6 +272,23 @@ async def test_an_is_error_result_is_not_recorded_and_a_resume_sends_the_call_ag
             assert result.is_error
             assert client_ledger.get(key) is None
     assert effects(control) == ["fail A1", "fail A1"]
+
+
+@pytest.mark.parametrize("servers", ["stdio"], indirect=True)
+async def test_a_call_outside_tool_call_runs_unprotected_with_the_warning(
+    servers: Servers, control: Path, client_ledger: SqliteLedger
+) -> None:
+    """Without ids the call follows the library's rule for missing ids: a warning naming the tool, then the call
+    is sent (without a key) and its result returned; nothing is recorded. It raised a bare AssertionError."""
+    async with servers.connect() as raw:
+        session = replay_safe_session(raw, ledger=client_ledger)
+        with pytest.warns(UnprotectedCallWarning, match="refund"):
+            result = await session.call_tool("refund", REFUND)
+    assert isinstance(result, CallToolResult)
+    assert not result.is_error
+    assert [effect.split(" attempt=")[0] for effect in effects(control)] == ["refund A1"]
+    assert list(client_ledger.records()) == []
+    assert server_records(control) == []  # no key was sent
 
 
 @pytest.mark.parametrize("servers", ["stdio"], indirect=True)

@@ -16,7 +16,7 @@ from replaysafe.http import next_request_key
 META_KEY = "io.replaysafe/idempotency-key"
 
 S = TypeVar("S")
-Send = Callable[[str], Awaitable[CallToolResult]]
+Send = Callable[[str | None], Awaitable[CallToolResult]]
 
 #: ``@replay_safe`` options the adapters set themselves: the tool's name, what is digested, how results are stored.
 RESERVED_OPTIONS = frozenset({"name", "exclude_args", "serializer", "on_missing_ids"})
@@ -60,10 +60,10 @@ class ToolResultError(Exception):
 
 
 async def _call_tool(name: str, arguments: dict[str, Any], send: Send, record_error_results: bool) -> CallToolResult:
-    """The body the session protects: one tools/call, keyed with the protected call's idempotency key."""
+    """The body the session protects: one tools/call, keyed with the protected call's idempotency key.
+    Outside ``tool_call(...)`` it runs unprotected (the decorator has warned): sent without a key."""
     call = current_call_or_none()
-    assert call is not None  # only ever run as a protected call
-    result = await send(call.idempotency_key)
+    result = await send(call.idempotency_key if call is not None else None)
     if result.is_error and not record_error_results:
         raise ToolResultError(name, result)
     return result
