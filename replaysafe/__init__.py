@@ -32,6 +32,7 @@ from ._events import Event, EventKind, on_event
 from ._identity import idempotency_key
 from ._otel import instrument_opentelemetry
 from ._records import CallKey, ClaimResult, Record, Status
+from ._shapes import ResultShape
 from .ledgers import Ledger, MemoryLedger, open_ledger, register_ledger
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ __all__ = [
     "ReplaySafeError",
     "ReplaySafeWarning",
     "ResultEncodingError",
+    "ResultShape",
     "Serializer",
     "SqliteLedger",
     "Status",

@@ -42,6 +42,8 @@ from ._operations import _reason as error_text
 from ._owners import owner_alive
 from ._records import CallKey, Record, Status
 from ._sealing import FINISHED, SEALED, SIGNING_KEY_ENV, is_sealed, unsealed
+from ._shapes import JSON_NAME, Evidence, Installed, ResultShape, evidence, form_of, installed
+from ._unrecorded import parse as unrecorded
 from .ledgers import Ledger, open_ledger
 from .ledgers._protocol import diagnose
 
@@ -166,8 +168,28 @@ def add_commands(commands: Any) -> None:
     )
     _add_key(resolve)
     how = resolve.add_mutually_exclusive_group(required=True)
-    how.add_argument("--result", metavar="JSON", help="the call's result, as JSON (what the provider did)")
+    how.add_argument(
+        "--result",
+        metavar="JSON",
+        help="the call's result, as JSON in the shape its replay reads (what the provider did); a value the call's "
+        "shape, when the ledger tells it or --shape names it, cannot read is refused",
+    )
+    how.add_argument(
+        "--text",
+        metavar="TEXT",
+        help="the call's result as plain text (what the provider answered), written in the shape the call's "
+        "adapter records: a CallToolResult with one text block for an MCP call, a JSON string for a tool "
+        "recorded by replaysafe's JSON codec. Needs --shape when the ledger cannot tell the shape",
+    )
     how.add_argument("--rerun", action="store_true", help="remove the record so the next replay runs the tool")
+    resolve.add_argument(
+        "--shape",
+        metavar="NAME",
+        help="the shape the call's adapter records results in: json (replaysafe's JSON codec: @replay_safe and the "
+        "LangGraph, Pydantic AI, OpenAI Agents SDK, sdk_loops and 10xGraph adapters), mcp (replaysafe-mcp), "
+        "or another an installed package declares. Without it, the shape is told by the call's "
+        "key space or by finished records of the same tool, when they show it",
+    )
     resolve.add_argument(
         "--force",
         action="store_true",
@@ -654,15 +676,22 @@ _LIVE_OWNER_NOTE = (
 
 
 def _resolve(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
-    if args.rerun:
-        what = "remove its record, so the next replay runs the tool again"
-        result: Any = None
-    else:
+    given: Any = None
+    if args.rerun and args.shape is not None:
+        raise CommandError("--shape goes with --result or --text: --rerun records no result", EXIT_USAGE)
+    if args.result is not None:
         try:
-            result = json.loads(args.result)
+            given = json.loads(args.result)
         except ValueError as exc:
             raise CommandError(f"--result must be JSON ({exc})", EXIT_USAGE) from exc
-        what = f"record {json.dumps(result)} as its result"
+    known = None if args.rerun else installed()
+    if known is not None and args.shape is not None and args.shape not in known.shapes:
+        raise CommandError(
+            f"no installed package declares the result shape {args.shape!r} (known here: "
+            f"{', '.join(known.shapes)}). Install the adapter's package where this command runs (replaysafe-mcp "
+            "for mcp). Nothing was changed.",
+            EXIT_USAGE,
+        )
     record = _record(ledger, args)
     seals = None if args.rerun or ledger.sealer is not None else _ledger_seals(ledger, record)
     if seals:
@@ -675,7 +704,20 @@ def _resolve(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
         )
     now = utcnow()
     live_owner = _refuse_a_live_owner(record, now, args.force)
+    notes: list[str] = []
+    shape: ResultShape | None = None
+    if known is None:
+        what = "remove its record, so the next replay runs the tool again"
+        result: Any = None
+    else:
+        finished = _finished_results(ledger, record)
+        found = evidence(record.tool_name, record.key.thread_id, finished, known.shapes, args.shape)
+        shape = found.shape
+        result, what = _result_in_its_shape(record, found, given, args.text)
+        notes = _shape_notes(record, found, known, result)
     output.say(_describe(record, now))
+    for note in notes:
+        output.say(printable(note))
     if seals is None and not args.rerun and ledger.sealer is None:
         output.say(
             f"Note: no finished record shows whether this ledger seals its records. If your application signs "
@@ -697,11 +739,156 @@ def _resolve(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     output.document(
         {
             "settled": True,
-            "how": "rerun" if args.rerun else "result",
+            "how": "rerun" if args.rerun else "text" if args.text is not None else "result",
+            "shape": shape.name if shape is not None else None,
             "record": _summary(settled, utcnow()) if settled is not None else None,
         }
     )
     return EXIT_OK
+
+
+#: How many records ``_finished_results`` reads at most per pass (the call's thread, then the ledger), and how
+#: many finished records of the tool it keeps: enough to tell a shape, bounded on a large ledger.
+_SHAPE_READS, _SHAPE_RECORDS = 1000, 20
+
+
+def _finished_results(ledger: Ledger, record: Record) -> list[str]:
+    """The result text of other finished calls of the same tool: its thread's first, then the ledger's.
+
+    Real results only (not a "result not recorded" marker); with the signing key, only those whose seal checks.
+    """
+    found: list[str] = []
+    seen = {record.key}
+    for thread_id in (record.key.thread_id, None):
+        records = ledger.records(thread_id=thread_id)
+        try:
+            for other in itertools.islice(records, _SHAPE_READS):
+                if other.key in seen or other.tool_name != record.tool_name or other.status is not Status.COMPLETED:
+                    continue
+                seen.add(other.key)
+                text = _result_text(ledger, other)
+                if text is not None and unrecorded(text) is None:
+                    found.append(text)
+                    if len(found) == _SHAPE_RECORDS:
+                        return found
+        finally:
+            close = getattr(records, "close", None)  # a generator left early: its cursor is released now
+            if close is not None:
+                close()
+    return found
+
+
+def _result_text(ledger: Ledger, record: Record) -> str | None:
+    if ledger.sealer is None:
+        return unsealed(record.result)
+    try:
+        return ledger.sealer.open(record)
+    except TamperedRecordError:
+        return None
+
+
+def _result_in_its_shape(record: Record, found: Evidence, given: Any, text: str | None) -> tuple[Any, str]:
+    """The value to record and what the confirmation calls it; refused (nothing written) when a replay of the
+    call could not read it, as far as its shape is known. Messages name fields and types, never the value."""
+    call = f"{record.tool_name} ({record.key})"
+    shape = found.shape
+    if found.contradicted is not None and shape is not None:
+        ledger_shape, why = found.contradicted
+        raise CommandError(
+            f"{call}: --shape {shape.name} contradicts the ledger: {why}, so a replay reads {ledger_shape.expects}. "
+            f"Settle it in that shape: --text TEXT (or --result JSON) with --shape {ledger_shape.name}, or without "
+            "--shape. Nothing was changed.",
+            EXIT_USAGE,
+        )
+    if text is not None:
+        if shape is None:
+            raise CommandError(
+                f"{call}: --text writes the text in the shape the call's adapter records, and which adapter recorded "
+                f"it cannot be told here: {found.told_by}. Name the shape: {_shape_choices()}. Nothing was changed.",
+                EXIT_USAGE,
+            )
+        value = shape.text(text, found.recorded)
+        what = f"record the text given as its result, in the {shape.name} shape"
+        source = "--text"
+    else:
+        value = given
+        what = f"record the JSON given ({form_of(value)}) as its result"
+        source = "--result"
+    problem = shape.problem(value, found.recorded) if shape is not None else None
+    if shape is None or problem is None:
+        return value, what
+    told = "as --shape says" if found.told_by == "--shape" else found.told_by
+    if source == "--text":
+        raise CommandError(
+            f"{call} records its result in the {shape.name} shape ({told}), and the text alone cannot settle it: "
+            f"{problem}. Settle it with --result in that shape: {shape.expects}. Nothing was changed.",
+            EXIT_USAGE,
+        )
+    raise CommandError(
+        f"{call} records its result in the {shape.name} shape ({told}), and a replay could not read this "
+        f"--result: {problem}. A replay reads {shape.expects}. Settle it with --text TEXT (the provider's answer "
+        "as text, written in that shape), or with --result in that shape. Nothing was changed.",
+        EXIT_USAGE,
+    )
+
+
+def _shape_choices() -> str:
+    return (
+        "--shape json for replaysafe's JSON codec (@replay_safe, and the LangGraph, Pydantic AI, OpenAI Agents SDK, "
+        "sdk_loops and 10xGraph adapters), --shape mcp for an MCP call (replaysafe-mcp), or the shape another "
+        "adapter's package declares"
+    )
+
+
+def _shape_notes(record: Record, found: Evidence, known: Installed, value: Any) -> list[str]:
+    """What the confirmation says of the result's shape: the shape and what told it, or that nothing does."""
+    tool = record.tool_name
+    notes = [f"Result shape left out: {skipped}." for skipped in known.skipped]
+    shape = found.shape
+    if shape is not None:
+        told = "as --shape says" if found.told_by == "--shape" else found.told_by
+        notes.append(f"Shape: {shape.name}, what {shape.who} record ({told}). A replay reads {shape.expects}.")
+        if shape.unchecked and not found.recorded:
+            notes.append(f"Not checked: no finished call of {tool} is found to compare with. {shape.unchecked}")
+    else:
+        notes.append(
+            f"Shape unknown: what a replay of {tool} reads cannot be told here: {found.told_by}. The JSON given is "
+            f"recorded as it is, which {known.shapes[JSON_NAME].who} read."
+        )
+        notes.extend(
+            f"Careful: {adapter.who} read only {adapter.expects}. If this is one of them, answer no and settle it "
+            f"with --text TEXT --shape {adapter.name}, or with --result in that shape."
+            for adapter in known.adapters()
+            if adapter.problem(value, ()) is not None
+        )
+        if not known.adapters():
+            notes.append(
+                "Careful: an adapter with a serializer of its own reads only its own shape (an MCP call reads a "
+                "CallToolResult): install its package where this command runs (replaysafe-mcp), and pass --shape."
+            )
+    if shape is None or shape.name == JSON_NAME:
+        notes.extend(_form_notes(tool, found, value))
+    return notes
+
+
+def _form_notes(tool: str, found: Evidence, value: Any) -> list[str]:
+    """What the finished records of the same tool hold, when it differs from this result or names a class."""
+    if len(found.forms) != 1:
+        return []
+    ((form, count),) = found.forms.items()
+    mine = form_of(value)
+    if form == mine:
+        return []
+    if form.from_object and mine.text == "a JSON object":
+        return [
+            f"The {count} finished record(s) of {tool} read here hold {form}. A replay rebuilds one from this "
+            f"object only if {tool}'s return annotation names the class and the object holds its fields; "
+            "otherwise it returns the object as it is."
+        ]
+    return [
+        f"Careful: the {count} finished record(s) of {tool} read here all hold {form}, and this result is {mine}: "
+        "a replay returns it as it is, a value of another type than the tool returned before."
+    ]
 
 
 def _delete(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:

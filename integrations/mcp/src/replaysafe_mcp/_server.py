@@ -25,9 +25,10 @@ from replaysafe import (
 
 from ._client import META_KEY, RESERVED_OPTIONS
 
-#: The thread id of a server's calls is this prefix plus the server's name: two servers sharing a
-#: ledger never collide, even when their clients send the same key.
-THREAD_PREFIX = "mcp-server:"
+# The thread id of a server's calls is this prefix plus the server's name: two servers sharing a ledger
+# never collide, even when their clients send the same key. Its own key space: `replaysafe ledger resolve`
+# knows a call under it records a CallToolResult (_shape).
+from ._shape import THREAD_PREFIX
 
 
 class ToolResultSerializer:
