@@ -3,15 +3,22 @@
 A block's info string says what happens to it:
 
 - ``python``: runs as a program of its own, in a fresh interpreter and an empty directory (the adapters'
-  READMEs included: their examples run on each framework's own offline test model).
+  READMEs included: their examples run on each framework's own offline test model), then once more in the
+  same directory, as a reader runs an example a second time: what the first run left there (a ledger file,
+  a checkpoint, a fixed message id recorded) must not make the second one fail. An adapter's README runs
+  in an interpreter that can import only what the README's first ``pip install`` line installs (the
+  distributions that line names, with their extras and dependencies, as this environment's metadata and the
+  checkout's pyproject.toml files say): a module of any other distribution is missing there, as it is
+  for a reader who ran that line.
 - ``python continuation``: runs after the previous ``python`` block of the same file, in the same program
   (for a guide that builds one example over several blocks).
 - ``sh`` / ``bash`` / ``console``: runs in ``bash -eu``, in an empty directory, with this environment's
-  ``bin`` first on PATH (so ``replaysafe`` is the CLI of this checkout).
+  ``bin`` first on PATH (so ``replaysafe`` is the CLI of this checkout), and a second time there too.
 - ``<language> notest``: shown, not run (a signature, an output sample, a fragment, a command that takes
   longer than a test may). Any language other than the ones above must say ``notest``. The 10xGraph
   adapter's example says ``notest`` here because 10xGraph needs Python 3.12: its own suite runs it
-  (``integrations/tenxgraph/run-tests``).
+  (``integrations/tenxgraph/tests/test_tenxgraph_readme.py``, with this module's functions, under
+  ``integrations/tenxgraph/run-tests``) as far as it goes without servers and a model.
 
 Every ``pip install`` line, in any block (``notest`` included) or inline code, is checked against this
 checkout: a local path holds a project with the extras named, a ``replaysafe*`` name is one of the
@@ -26,13 +33,16 @@ with a schema or key prefix of the test's own.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
@@ -70,10 +80,11 @@ def alert_operator(*details):
 #: Runs a block: the prelude, then the block's code compiled under the document's name, so that a
 #: traceback points at the document's own line numbers. ``__file__`` and ``sys.argv`` are those of
 #: ``python block.py``, so a block may start itself as a subprocess (an MCP server over stdio); run so,
-#: it runs without the prelude.
+#: it runs without the prelude. A fourth argument, when not empty, is code run first: ``only_installed_by``.
 DRIVER = """\
 import sys
-prelude, path, name = sys.argv[1:4]
+prelude, path, name, setup = sys.argv[1:5]
+exec(setup, {"__name__": "replaysafe_docs_setup"})
 sys.argv = [path]
 namespace = {"__name__": "__main__", "__file__": path}
 exec(prelude, namespace)
@@ -168,6 +179,10 @@ def environment() -> dict[str, str]:
     return env
 
 
+#: Each running block runs twice in one fresh directory: a reader who runs an example again gets the same.
+RUNS = ("first run, in an empty directory", "second run, in the directory the first run left")
+
+
 def assert_ran(result: subprocess.CompletedProcess[str], where: str) -> None:
     assert result.returncode == 0, (
         f"the code block at {where} failed (exit {result.returncode}); mark it `notest` only if it is not meant "
@@ -177,22 +192,40 @@ def assert_ran(result: subprocess.CompletedProcess[str], where: str) -> None:
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=[program[0].where for program in PROGRAMS])
 def test_python_block_runs(program: list[Block], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    code = with_test_servers(program_code(program), request)
+    path, where = program[0].path, program[0].where
+    setup, installed = "", ""
+    if path in ADAPTER_READMES:
+        line = first_install_line(path)
+        setup, installed = only_installed_by(line), f", with only what `{line.strip()}` installs"
+    for run in RUNS:  # the second in the directory (and the test servers' schema or prefix) the first left
+        assert_ran(run_python(code, path, tmp_path, setup=setup), f"{where} ({run}{installed})")
+
+
+def program_code(program: list[Block]) -> str:
+    """The blocks' code, each at its own line numbers, so that tracebacks point into the document."""
     lines: list[str] = []
-    for block in program:  # each block at its own line numbers, so tracebacks point into the document
+    for block in program:
         lines.extend([""] * (block.line - 1 - len(lines)))
         lines.extend(block.code.splitlines())
-    source = tmp_path / "block.py"
-    source.write_text(with_test_servers("\n".join(lines) + "\n", request), encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-c", DRIVER, PRELUDE, str(source), str(program[0].path.relative_to(ROOT))],
-        cwd=tmp_path,
-        env=environment(),
+    return "\n".join(lines) + "\n"
+
+
+def run_python(
+    code: str, path: Path, cwd: Path, *, setup: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Python code as a docs block is run: after the prelude (and ``setup``), as ``python block.py`` in ``cwd``."""
+    source = cwd / "block.py"
+    source.write_text(code, encoding="utf-8")
+    return subprocess.run(
+        [sys.executable, "-c", DRIVER, PRELUDE, str(source), str(path.relative_to(ROOT)), setup],
+        cwd=cwd,
+        env=env or environment(),
         capture_output=True,
         text=True,
         timeout=180,
         check=False,
     )
-    assert_ran(result, program[0].where)
 
 
 def run_bash(code: str, cwd: Path, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -203,7 +236,9 @@ def run_bash(code: str, cwd: Path, env: dict[str, str], timeout: float = 180) ->
 
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=[block.where for block in SHELL_BLOCKS])
 def test_shell_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    assert_ran(run_bash(with_test_servers(block.code, request), tmp_path, environment()), block.where)
+    code = with_test_servers(block.code, request)
+    for run in RUNS:
+        assert_ran(run_bash(code, tmp_path, environment()), f"{block.where} ({run})")
 
 
 def test_every_block_runs_or_is_marked() -> None:
@@ -227,14 +262,19 @@ class Project:
     directory: Path
     name: str
     extras: frozenset[str]
+    meta: dict[str, Any] = field(compare=False, hash=False, repr=False)  # pyproject.toml's [project]
+    packages: tuple[Path, ...] = field(compare=False, hash=False, repr=False)  # its import packages' sources
 
 
 def projects() -> dict[Path, Project]:
     found: dict[Path, Project] = {}
     for pyproject in [ROOT / "pyproject.toml", *ROOT.glob("integrations/*/pyproject.toml")]:
-        meta = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+        toml = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        meta = toml["project"]
         extras = frozenset(meta.get("optional-dependencies", {}))
-        found[pyproject.parent] = Project(pyproject.parent, canonicalize_name(meta["name"]), extras)
+        wheel = toml["tool"]["hatch"]["build"]["targets"]["wheel"]
+        packages = tuple(pyproject.parent / package for package in wheel["packages"])
+        found[pyproject.parent] = Project(pyproject.parent, canonicalize_name(meta["name"]), extras, meta, packages)
     return found
 
 
@@ -257,23 +297,30 @@ def install_lines(path: Path) -> list[tuple[str, str]]:
     return found
 
 
-def install_problems(line: str) -> list[str]:
-    """What is wrong with one ``pip install`` command, as run from the checkout's root."""
+def install_arguments(line: str) -> Iterator[tuple[str, str]]:
+    """The arguments of one ``pip install`` command: ``(option, file)`` for ``-r``/``-c``, else ``("", what)``."""
     words = shlex.split(line, comments=True)
     start = next(i for i, word in enumerate(words) if word == "install" and i and words[i - 1].endswith("pip"))
-    problems: list[str] = []
-    local: list[Project] = []
     arguments = iter(words[start + 1 :])
     for word in arguments:
         if word in {"&&", ";", "|", "||"}:
             break
         if word in {"-r", "--requirement", "-c", "--constraint"}:
-            if not (ROOT / next(arguments)).is_file():
-                problems.append(f"no such file after {word}")
-            continue
-        if word in {"-e", "--editable"}:
-            word = next(arguments)
-        elif word.startswith("-"):
+            yield word, next(arguments)
+        elif word in {"-e", "--editable"}:
+            yield "", next(arguments)
+        elif not word.startswith("-"):
+            yield "", word
+
+
+def install_problems(line: str) -> list[str]:
+    """What is wrong with one ``pip install`` command, as run from the checkout's root."""
+    problems: list[str] = []
+    local: list[Project] = []
+    for option, word in install_arguments(line):
+        if option:
+            if not (ROOT / word).is_file():
+                problems.append(f"no such file after {option}")
             continue
         target, _, extras_text = word.partition("[")
         extras = {e.strip() for e in extras_text.rstrip("]").split(",") if e.strip()}
@@ -323,3 +370,132 @@ def test_install_line_check_has_teeth() -> None:
     assert not install_problems('pip install . "./integrations/mcp[fastmcp]"')
     assert not install_problems("pip install -e . -e './integrations/sdk_loops[test,lint]'")
     assert install_lines(ROOT / "README.md"), "the README's install lines were not found"
+
+
+# --- what an adapter's README installs ----------------------------------------------------------------
+
+ADAPTER_READMES = sorted(ROOT.glob("integrations/*/README.md"))
+
+
+def first_install_line(readme: Path) -> str:
+    """The first ``pip install`` command of a README's code blocks: the one a reader runs before its example."""
+    lines = [line for where, line in install_lines(readme) if not where.endswith("(inline)")]
+    assert lines, f"{readme.relative_to(ROOT)} shows no `pip install` command"
+    return lines[0]
+
+
+def requirements_of(name: str, extra: str) -> list[Requirement]:
+    """What a distribution needs with one of its extras (``""``: none): a project of this checkout as its
+    pyproject.toml says, any other as its metadata in this environment says (nothing: not installed here)."""
+    local = {project.name: project for project in PROJECTS.values()}
+    if name in local:
+        meta = local[name].meta
+        optional = {canonicalize_name(key): value for key, value in meta.get("optional-dependencies", {}).items()}
+        texts, marker_extra = (optional.get(extra, []) if extra else meta.get("dependencies", [])), ""
+    else:
+        try:
+            texts, marker_extra = importlib.metadata.requires(name) or [], extra
+        except importlib.metadata.PackageNotFoundError:
+            return []
+    requirements = [Requirement(text) for text in texts]
+    return [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": marker_extra})]
+
+
+def installed_by(line: str) -> set[str]:
+    """The distributions (canonical names) a ``pip install`` command installs, with their dependencies."""
+    todo: list[tuple[str, str]] = []
+    for option, word in install_arguments(line):
+        if option:
+            continue
+        target, _, extras_text = word.partition("[")
+        if target.startswith((".", "/")):
+            requirement = Requirement(f"{PROJECTS[(ROOT / target).resolve()].name}[{extras_text.rstrip(']')}]")
+        else:
+            requirement = Requirement(word)
+        todo.extend((canonicalize_name(requirement.name), extra) for extra in ["", *requirement.extras])
+    done: set[tuple[str, str]] = set()
+    while todo:
+        name, extra = todo.pop()
+        if (name, canonicalize_name(extra)) in done:
+            continue
+        done.add((name, canonicalize_name(extra)))
+        for requirement in requirements_of(name, canonicalize_name(extra)):
+            todo.extend((canonicalize_name(requirement.name), extra) for extra in ["", *requirement.extras])
+    return {name for name, _ in done}
+
+
+#: Run first in a docs block's interpreter (after ``ALLOWED``, the distributions an install line installs,
+#: and ``CHECKOUT``, the checkout's import packages with their distributions): the import system's finders
+#: then find no module of any other distribution. The standard library and files of no distribution stay.
+ONLY_INSTALLED = """\
+import importlib.metadata, os, re, sys
+
+OWNERS = {}  # file -> distribution
+for dist in importlib.metadata.distributions():
+    name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+    for file in dist.files or ():
+        OWNERS[os.path.normpath(dist.locate_file(file))] = name
+
+
+def owner(origin):
+    path = os.path.normpath(origin)
+    if path in OWNERS:
+        return OWNERS[path]
+    for package, name in CHECKOUT:  # installed in editable mode: the checkout's own files
+        if path == package or path.startswith(package + os.sep):
+            return name
+    return None
+
+
+class OnlyInstalled:
+    def __init__(self, finders):
+        self.finders = finders
+
+    def find_spec(self, fullname, path=None, target=None):
+        for finder in self.finders:
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                found = owner(spec.origin) if spec.origin and os.path.isabs(spec.origin) else None
+                return spec if found is None or found in ALLOWED else None
+        return None
+
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        for finder in self.finders:
+            for dist in getattr(finder, "find_distributions", lambda context: ())(context):
+                if re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower() in ALLOWED:
+                    yield dist
+
+    def invalidate_caches(self):
+        for finder in self.finders:
+            getattr(finder, "invalidate_caches", lambda: None)()
+
+
+sys.meta_path[:] = [OnlyInstalled(list(sys.meta_path))]
+"""
+
+
+def only_installed_by(line: str) -> str:
+    """Code that leaves an interpreter able to import only what ``line`` installs (``ONLY_INSTALLED``)."""
+    checkout = [(str(package), project.name) for project in PROJECTS.values() for package in project.packages]
+    return f"ALLOWED = {sorted(installed_by(line))!r}\nCHECKOUT = {checkout!r}\n{ONLY_INSTALLED}"
+
+
+def test_every_adapters_example_runs_with_only_what_its_first_install_line_installs() -> None:
+    """test_python_block_runs runs each adapter's README so; 10xGraph's, on Python 3.12 only, its own suite."""
+    run_here = {program[0].path for program in PROGRAMS if program[0].path in ADAPTER_READMES}
+    assert run_here | {ROOT / "integrations" / "tenxgraph" / "README.md"} == set(ADAPTER_READMES)
+
+
+def test_only_installed_by_hides_what_the_line_does_not_install(tmp_path: Path) -> None:
+    """The adapter and its dependencies import; the SQLite checkpointer, a distribution of its own, does not."""
+    bare, with_test = "pip install . ./integrations/langgraph", "pip install . './integrations/langgraph[test]'"
+    assert {"replaysafe-tools", "replaysafe-langgraph", "langgraph", "langchain-core"} <= installed_by(bare)
+    assert "langgraph-checkpoint-sqlite" not in installed_by(bare)
+    assert "langgraph-checkpoint-sqlite" in installed_by(with_test)
+    code = "import replaysafe_langgraph, langgraph.checkpoint.memory\nimport langgraph.checkpoint.sqlite\n"
+    readme = ROOT / "integrations" / "langgraph" / "README.md"
+    hidden = run_python(code, readme, tmp_path, setup=only_installed_by(bare))
+    assert hidden.returncode == 1, hidden.stdout + hidden.stderr
+    assert "line 2" in hidden.stderr, hidden.stderr  # line 1 imported
+    assert "ModuleNotFoundError: No module named 'langgraph.checkpoint.sqlite'" in hidden.stderr, hidden.stderr
+    assert_ran(run_python(code, readme, tmp_path, setup=only_installed_by(with_test)), "with langgraph[test]")

@@ -8,8 +8,10 @@ process continues the same thread with ``invoke(None, config)``.
 Both tools append a line to the effects file when they act, so the parent counts
 side effects. Tools run one at a time (``max_concurrency=1``): with ``create_agent`` the
 refund's own result, which LangGraph saves in the background once its task is done,
-is still queued behind ``send_email`` when the kill lands. ``durability="sync"`` makes
-sure the model's message is checkpointed before any tool runs, so the resume replays
+is still queued behind ``send_email`` when the kill lands. ``--kill-when saved`` (SQLite,
+sync) lets the tools run side by side, as LangGraph runs them by default, and kills only
+once LangGraph has saved the refund's result in the checkpointer. ``durability="sync"``
+makes sure the model's message is checkpointed before any tool runs, so the resume replays
 the same model output: the precondition of any ledger.
 """
 
@@ -63,6 +65,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--effects", required=True, help="file the tools append a line to per side effect")
     parser.add_argument("--thread", required=True)
     parser.add_argument("--in-doubt", help="the run's in_doubt setting, in config['configurable']")
+    parser.add_argument(
+        "--kill-when",
+        choices=["returned", "saved"],
+        default="returned",
+        help="returned: once the refund returned (and was recorded, with the adapter), tools run one at a time; "
+        "saved: once LangGraph saved the refund's result in the checkpointer (SQLite), tools side by side",
+    )
     return parser.parse_args()
 
 
@@ -79,6 +88,8 @@ def make_tools(args: argparse.Namespace, ledger: SqliteLedger | None) -> list[Ba
         lines = effects.read_text().splitlines() if effects.exists() else []
         if not any(line.startswith("refund_order") for line in lines):
             return False
+        if args.kill_when == "saved":
+            return refund_is_saved(args)
         if ledger is None:
             return True
         record = ledger.get(refund_key)
@@ -107,6 +118,15 @@ def make_tools(args: argparse.Namespace, ledger: SqliteLedger | None) -> list[Ba
             tool(replaysafe.replay_safe(lease=LEASE)(send_email)),
         ]
     return [tool(refund_order), tool(send_email)]
+
+
+def refund_is_saved(args: argparse.Namespace) -> bool:
+    """Whether LangGraph saved the refund's result: a pending write of the thread's last checkpoint holds it."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    with SqliteSaver.from_conn_string(args.checkpoint_url) as saver:  # a connection of its own
+        saved = saver.get_tuple({"configurable": {"thread_id": args.thread}})
+    return saved is not None and any("refunded A1" in repr(value) for _, _, value in saved.pending_writes or ())
 
 
 @contextlib.contextmanager
@@ -155,7 +175,9 @@ def build(args: argparse.Namespace, ledger: SqliteLedger | None, checkpointer: B
 def main() -> None:
     args = parse()
     ledger = SqliteLedger(args.ledger) if args.tools != "off" else None
-    config: Any = {"configurable": {"thread_id": args.thread}, "max_concurrency": 1}
+    config: Any = {"configurable": {"thread_id": args.thread}}
+    if args.kill_when == "returned":
+        config["max_concurrency"] = 1
     if args.in_doubt:
         config["configurable"]["in_doubt"] = args.in_doubt
     request = {"messages": [HumanMessage("Refund order A1 and tell the customer.", id="human-turn1")]}

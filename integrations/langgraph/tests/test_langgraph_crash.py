@@ -32,6 +32,7 @@ def crash_and_resume(
     thread: str,
     resume_options: dict[str, str] | None = None,
     resume_ok: bool = True,
+    kill_when: str = "returned",
 ) -> tuple[AgentRun, list[str]]:
     """Run the crash and the resume; the resumed run's result and the side effects, in order."""
     if checkpointer == "sqlite":
@@ -49,7 +50,7 @@ def crash_and_resume(
         "effects": str(effects),
         "thread": thread,
     }
-    crashed = run_agent("crash", **options)
+    crashed = run_agent("crash", **options, kill_when=kill_when)
     assert crashed.returncode == -signal.SIGKILL, crashed.describe()
     assert effects.read_text().splitlines() == ["refund_order A1"], crashed.describe()
     resumed = run_agent("resume", **options, **(resume_options or {}))
@@ -103,6 +104,26 @@ def test_kill_after_refund_then_resume(
     check_conversation(resumed)
     if tools != "off":
         check_ledger(tmp_path, thread_id)
+
+
+@pytest.mark.parametrize("tools", ["plain", "off"], ids=["adapter", "no-adapter"])
+def test_create_agent_keeps_a_result_langgraph_saved_with_or_without_the_adapter(
+    tmp_path: Path, request: pytest.FixtureRequest, thread_id: str, tools: str
+) -> None:
+    """create_agent runs each call as a task of its own and saves its result when it ends: killed after that
+    (tools side by side, as LangGraph runs them), the resume runs the refund once even without the adapter."""
+    resumed, effects = crash_and_resume(
+        tmp_path,
+        request,
+        graph="agent",
+        checkpointer="sqlite",
+        mode="sync",
+        tools=tools,
+        thread=thread_id,
+        kill_when="saved",
+    )
+    assert effects == ["refund_order A1", "send_email customer@example.com"], resumed.describe()
+    check_conversation(resumed)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

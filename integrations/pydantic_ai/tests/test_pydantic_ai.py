@@ -138,6 +138,27 @@ async def test_an_approval_pause_keeps_the_call_paused_and_the_approved_call_run
     assert statuses == {"call_1": Status.COMPLETED, "call_2": Status.COMPLETED}
 
 
+def test_ledger_list_shows_the_call_an_approval_pause_left_paused(
+    ledger: SqliteLedger, ledger_path: Path, effects_path: Path
+) -> None:
+    """What an operator sees of a pending approval: `replaysafe ledger list` lists the call as paused."""
+    agent = build_agent(ledger, effects_path, email_needs_approval=True)
+    paused = agent.run_sync("Refund order A1 and tell bob")
+    assert isinstance(paused.output, DeferredToolRequests)
+    listed = subprocess.run(
+        [sys.executable, "-m", "replaysafe", "ledger", "list", "--ledger", f"sqlite:///{ledger_path}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    rows = {line.split()[2]: line.split() for line in listed.stdout.splitlines() if line.split()[2:3]}
+    assert rows["call_1"][4] == "completed", listed.stdout
+    assert rows["call_2"][4] == "paused", listed.stdout
+    assert rows["call_2"][3] == "send_email", listed.stdout
+
+
 @pytest.mark.parametrize("variant", ["capability", "decorated"])
 async def test_under_record_errors_an_approval_pause_is_kept_paused_not_recorded_as_a_failure(
     ledger: SqliteLedger, effects_path: Path, variant: Variant
