@@ -102,15 +102,50 @@ def open_ledger(url: str, **options: Any) -> Ledger:
     keyword arguments, which win; an option the ledger and its driver do not know is an error.
     """
     scheme = urllib.parse.urlsplit(url).scheme.lower().partition("+")[0]
-    factory = _registry.get(scheme)
+    factory = _registry.get(scheme) or _installed(scheme, url)
     if factory is None:
         registered = ", ".join(f"{name}://" for name in sorted(_registry))
         raise ValueError(
             f"no ledger for the URL {_redact(url)!r}: its scheme {scheme!r} is not registered "
-            f"(registered: {registered}). Fix the URL, or register a ledger for the scheme first with "
-            "replaysafe.register_ledger(scheme, factory)."
+            f"(registered: {registered}). Fix the URL, or register a ledger for the scheme first: "
+            f"replaysafe.register_ledger(scheme, factory) in the process, or an entry point of the group "
+            f"{ENTRY_POINTS!r} in the package that provides it (every process then knows it, the replaysafe "
+            "command's too)."
         )
     return factory(url, **options)
+
+
+#: The entry point group that names a ledger for a URL scheme: ``scheme = "package.module:factory"``.
+ENTRY_POINTS = "replaysafe.ledgers"
+
+
+def _installed(scheme: str, url: str) -> LedgerFactory | None:
+    """The factory an installed package names for ``scheme`` in the ``replaysafe.ledgers`` entry points,
+    registered on first use (looked up only for a scheme not registered: the built-in ones cost nothing)."""
+    if not _SCHEME.fullmatch(scheme):
+        return None
+    from importlib.metadata import entry_points
+
+    points = sorted(entry_points(group=ENTRY_POINTS, name=scheme), key=lambda point: point.value)
+    if not points:
+        return None
+    point = points[0]
+    package = point.dist.name if point.dist is not None else "an unnamed package"
+    if len({p.value for p in points}) > 1:
+        others = ", ".join(p.dist.name if p.dist is not None else p.value for p in points)
+        raise ValueError(
+            f"the URL {_redact(url)!r}: its scheme {scheme!r} is named by more than one installed package "
+            f"({others}) in the {ENTRY_POINTS!r} entry points. Uninstall all but one."
+        )
+    try:
+        factory: LedgerFactory = point.load()
+    except Exception as exc:
+        raise ValueError(
+            f"the URL {_redact(url)!r}: the ledger {package} declares for the scheme {scheme!r} ({point.value}) "
+            f"does not load: {type(exc).__name__}: {exc}. Reinstall {package}, or check its dependencies."
+        ) from exc
+    register_ledger(scheme, factory, replace=True)
+    return factory
 
 
 def _redact(url: str) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,3 +93,75 @@ def test_register_ledger_is_public() -> None:
     assert replaysafe.register_ledger is ledgers_module.register_ledger
     assert "register_ledger" in replaysafe.__all__
     assert "register_ledger" in ledgers_module.__all__
+
+
+# --- schemes an installed package declares: the replaysafe.ledgers entry points ---------------------------
+
+#: A third party's ledger package: a SQLite ledger under its own scheme, found by its entry point alone.
+TEAM_LEDGER = """
+from replaysafe.ledgers import SqliteLedger
+
+def open_team_store(url, **options):
+    return SqliteLedger("sqlite:///" + url.partition("://")[2], **options)
+"""
+
+
+def installed_package(site: Path, entry_points: str, module: str = TEAM_LEDGER) -> dict[str, str]:
+    """A distribution's metadata and module on ``PYTHONPATH``: what ``pip install`` leaves, found by the same
+    discovery (``importlib.metadata``)."""
+    info = site / "replaysafe_team_store-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: replaysafe-team-store\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    (site / "replaysafe_team_store.py").write_text(module)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+
+def run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, **env}
+    )
+
+
+def test_a_scheme_an_installed_package_declares_opens_in_every_process(tmp_path: Path) -> None:
+    """No register_ledger call anywhere: the application (through REPLAYSAFE_LEDGER_URL) and the replaysafe
+    ledger command, two other processes, both open team-store:// URLs through the package's entry point."""
+    env = installed_package(
+        tmp_path / "site", '[replaysafe.ledgers]\nteam-store = replaysafe_team_store:open_team_store\n'
+    )
+    url = f"team-store://{tmp_path / 'team.db'}"
+    app = run(
+        "from replaysafe import replay_safe, tool_call\n"
+        "@replay_safe\n"
+        "def refund(order: str) -> str:\n"
+        "    return 'refunded ' + order\n"
+        "with tool_call('t-team', 'msg_1', 'call_1'):\n"
+        "    print(refund('42'))\n",
+        {**env, "REPLAYSAFE_LEDGER_URL": url},
+    )
+    assert app.returncode == 0, app.stderr
+    assert app.stdout.strip() == "refunded 42"
+    listed = subprocess.run(
+        [sys.executable, "-m", "replaysafe", "ledger", "list", "--ledger", url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "t-team" in listed.stdout and "completed" in listed.stdout
+    with SqliteLedger(tmp_path / "team.db") as ledger:
+        assert [record.key.thread_id for record in ledger.records()] == ["t-team"]
+
+
+def test_a_declared_scheme_that_does_not_load_is_named(tmp_path: Path) -> None:
+    env = installed_package(tmp_path / "site", '[replaysafe.ledgers]\nteam-store = replaysafe_team_store:missing\n')
+    opened = run("from replaysafe import open_ledger; open_ledger('team-store://x')", env)
+    assert opened.returncode != 0
+    assert "the ledger replaysafe-team-store declares for the scheme 'team-store'" in opened.stderr
+    assert "does not load: AttributeError" in opened.stderr
+
+
+def test_an_unknown_scheme_says_how_to_declare_one(registry: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"an entry point of the group 'replaysafe.ledgers'"):
+        open_ledger("nowhere://x")
