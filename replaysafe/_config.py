@@ -7,8 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._constants import DISABLED_ENV, LEDGER_URL_ENV
-from ._context import UNSET, timeout_setting
+from ._constants import DISABLED_ENV, LEDGER_URL_ENV, UNSET, timeout_setting
 
 if TYPE_CHECKING:
     from .ledgers import Ledger

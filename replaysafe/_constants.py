@@ -1,6 +1,30 @@
-"""Defaults, in one place so the docs and the code cannot drift apart."""
+"""Defaults, in one place so the docs and the code cannot drift apart; and the "not given" sentinel the
+settings that take them share (the lowest module: settings and scopes both read it)."""
 
 from __future__ import annotations
+
+from typing import Any
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+#: "Not given here": look further (``None`` and ``0`` mean "no timeout").
+UNSET: Any = _Unset()
+
+
+def timeout_setting(value: float | None, what: str) -> float | None:
+    """``None`` and ``0`` disable a timeout; a negative one is a mistake."""
+    if value is UNSET:
+        return value  # type: ignore[no-any-return]
+    if value is None or value == 0:
+        return None
+    if value < 0:
+        raise ValueError(f"{what} must be a positive number of seconds, or None/0 to disable; got {value!r}")
+    return float(value)
+
 
 #: Seconds a protected tool may run (used by timeouts and to size the lease).
 TOOL_TIMEOUT = 300.0

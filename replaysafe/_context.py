@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from ._constants import NODE_TIMEOUT
+from . import _config
+from ._constants import NODE_TIMEOUT, UNSET, timeout_setting
 from ._keys import RESERVED_PREFIX, reserved_id
 from ._records import CallKey, Status, new_tuple
 
@@ -19,27 +20,8 @@ if TYPE_CHECKING:
     from .ledgers import Ledger
 
 
-class _Unset:
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-#: "Not given here": look further (``None`` and ``0`` mean "no timeout").
-UNSET: Any = _Unset()
-
 #: What to do with an in-doubt call: run it again, raise, or ask a reconciler.
 InDoubt = Literal["rerun", "raise"] | Callable[["CallInfo"], Any]
-
-
-def timeout_setting(value: float | None, what: str) -> float | None:
-    """``None`` and ``0`` disable a timeout; a negative one is a mistake."""
-    if value is UNSET:
-        return value  # type: ignore[no-any-return]
-    if value is None or value == 0:
-        return None
-    if value < 0:
-        raise ValueError(f"{what} must be a positive number of seconds, or None/0 to disable; got {value!r}")
-    return float(value)
 
 
 def check_in_doubt(value: InDoubt | None, where: str) -> InDoubt | None:
@@ -447,8 +429,6 @@ class node(_Scoped):  # noqa: N801 - used like a function: `with node(...):`
         self.tool_timeout = timeout_setting(tool_timeout, "tool_timeout")
 
     def _value(self) -> NodeScope:
-        from . import _config
-
         node_timeout = _config.default_node_timeout if self.node_timeout is UNSET else self.node_timeout
         given = node_timeout is not UNSET
         if not given:

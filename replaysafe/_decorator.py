@@ -19,8 +19,8 @@ import wrapt
 from . import _config, _constants, _drivers
 from ._codec import JsonSerializer, Serializer
 from ._config import default_ledger
+from ._constants import UNSET, timeout_setting
 from ._context import (
-    UNSET,
     CallScope,
     InDoubt,
     NodeScope,
@@ -29,7 +29,6 @@ from ._context import (
     _node,
     _scope,
     check_in_doubt,
-    timeout_setting,
 )
 from ._core import Earlier, OnLedgerError, Phase, ToolSpec, begin, effective_timeout, replay
 from ._drivers import Driving, Planned, adrive, drive

@@ -8,7 +8,7 @@ from typing import Any
 from requests import PreparedRequest, Response
 from requests.adapters import HTTPAdapter
 
-from .http import HEADER, METHODS, _settings, _stamp
+from ._request_keys import HEADER, METHODS, _settings, _stamp
 
 
 class IdempotencyKeyAdapter(HTTPAdapter):

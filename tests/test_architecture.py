@@ -66,3 +66,79 @@ def test_replaysafe_imports_no_agent_framework() -> None:
     for path in sorted(PACKAGE.rglob("*.py")):
         roots = {name.split(".")[0] for name in _imports(path)}
         assert not roots & FRAMEWORKS, f"{path.relative_to(PACKAGE.parent)} imports {sorted(roots & FRAMEWORKS)}"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each module of the package and the modules of the package it imports (lazy and type-checking imports too)."""
+    names = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        reached = set()
+        for imported in _imports(path):
+            parts = imported.split(".")
+            for end in range(len(parts), 0, -1):  # the longest prefix that is a module of the package
+                candidate = ".".join(parts[:end])
+                if candidate in names:
+                    if candidate != name:
+                        reached.add(candidate)
+                    break
+        graph[name] = reached
+    return graph
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def test_no_import_circle_inside_the_package() -> None:
+    """A module never reaches itself through the modules it imports, lazily or not: shared names live in the
+    lower module (``UNSET`` in ``_constants``, the request keys in ``_request_keys``)."""
+    assert _circles(_module_graph()) == []
+
+
+def test_the_circle_check_finds_circles() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert _circles(graph) == [["a", "b", "c"]]

@@ -18,9 +18,9 @@ import pytest
 import requests
 
 from replaysafe import CallInfo, MemoryLedger, Status, open_ledger, replay_safe, tool_call
+from replaysafe._request_keys import _next_ordinal
 from replaysafe.http import (
     IdempotencyKeyAdapter,
-    _next_ordinal,
     aadd_idempotency_key,
     add_idempotency_key,
     aidempotency_key_hook,

@@ -22,7 +22,7 @@ from replaysafe import (
     set_default_timeouts,
     tool_call,
 )
-from replaysafe._context import UNSET
+from replaysafe._constants import UNSET
 from replaysafe.testing import disabled, record_calls, reset
 
 
