@@ -3,8 +3,11 @@
 Exit codes: 0 done; 1 no such record, nothing matched (a page past the end, a ledger
 holding no record) or the record cannot be settled; 2 bad usage; 3 the ledger cannot be
 opened (unreachable, wrong URL, missing database or table); 4 the operator did not
-confirm; 5 the ledger seals its records and no signing key was given; 6 the signing key given
-checks none of the ledger's seals (a wrong key: nothing was read or written with it).
+confirm; 5 the ledger seals its records and no signing key was given; 6 ``resolve`` was to seal a
+result with a key that is not shown to be the application's: the first key given (the one that seals)
+checks none of the ledger's seals (nothing was written; ``--seal-with-unchecked-key`` seals with it
+knowingly). Reading never refuses a key: a key that checks no seal is warned of, and the seals it
+does not check are reported ``tampered``.
 
 Options go before or after the action (``ledger --ledger URL list`` is ``ledger list
 --ledger URL``). ``--json`` makes every action print one JSON document on stdout (and its
@@ -27,7 +30,7 @@ import re
 import sqlite3
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,13 +44,15 @@ from ._keys import step_parent
 from ._operations import _reason as error_text
 from ._owners import owner_alive
 from ._records import CallKey, Record, Status
-from ._sealing import FINISHED, SEALED, SIGNING_KEY_ENV, is_sealed, unsealed
+from ._sealing import FINISHED, SEALED, SIGNING_KEY_ENV, Sealer, is_sealed, unsealed
 from ._shapes import JSON_NAME, Evidence, Installed, ResultShape, evidence, form_of, installed
 from ._unrecorded import parse as unrecorded
 from .ledgers import Ledger, open_ledger
 from .ledgers._protocol import diagnose
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_LEDGER, EXIT_DECLINED, EXIT_NO_KEY, EXIT_WRONG_KEY = 0, 1, 2, 3, 4, 5, 6
+#: ``resolve``'s option to seal with a first key that checks none of the ledger's seals, knowingly.
+UNCHECKED_KEY = "--seal-with-unchecked-key"
 #: The states ``list --status`` and ``stats`` know, named as ``Status`` names them.
 STATUSES = ("running", "completed", "failed", "in_doubt", "paused")
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
@@ -129,8 +134,8 @@ def add_commands(commands: Any) -> None:
         help="inspect and settle the records of a ledger",
         description="Inspect and settle a ledger's records. Exit codes: 0 done, 1 no such record or nothing "
         "matched, 2 bad usage, 3 ledger unreachable / wrong URL / missing database or table, 4 not confirmed, "
-        "5 the ledger seals its records and no signing key was given, 6 the signing key checks none of the "
-        "ledger's seals.",
+        "5 the ledger seals its records and no signing key was given, 6 resolve was to seal a result with a "
+        "first signing key that checks none of the ledger's seals (see --seal-with-unchecked-key).",
     )
     _options(ledger, below=False)
     actions = ledger.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -195,6 +200,14 @@ def add_commands(commands: Any) -> None:
         action="store_true",
         help="settle a call even though its owner is alive (a stuck call; the owner, if it finishes, reports a "
         "duplicate execution) or it is already finished (its recorded result cannot be read)",
+    )
+    resolve.add_argument(
+        UNCHECKED_KEY,
+        action="store_true",
+        help="seal the result with the first signing key given even though it checks none of the ledger's seals "
+        "(exit 6 without it): a key just rotated in that nothing is sealed with yet, or a store whose seals were "
+        "all forged. Only once you know it is the key the application signs with: a replay refuses a result "
+        "sealed with another",
     )
     resolve.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
@@ -276,7 +289,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, stdin: TextIO = sys.
         with ledger:
             action = _ACTIONS[args.action]
             try:
-                _check_key(ledger)
+                if ledger.sealer is not None and not _seals_a_result(args):
+                    _warn_of_the_key(ledger, ledger.sealer, _named_call(args), output)
                 return action(ledger, args, output)
             except (CommandError, BrokenPipeError):
                 raise
@@ -287,46 +301,125 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, stdin: TextIO = sys.
         return exc.code
 
 
-#: How many records ``_check_key`` reads at most, and how many sealed ones it tries the key on.
-_KEY_CHECK_READS, _KEY_CHECK_SEALS = 1000, 20
+def _seals_a_result(args: argparse.Namespace) -> bool:
+    """Whether the action seals something with the signing key: only ``resolve --result`` or ``--text``."""
+    return bool(args.action == "resolve" and not args.rerun)
 
 
-def _check_key(ledger: Ledger) -> None:
-    """Refuse a signing key that checks none of the ledger's seals, before anything is read or written with it.
+def _named_call(args: argparse.Namespace) -> CallKey | None:
+    """The call the action names (``show``, ``resolve``, ``delete``), if any."""
+    if not hasattr(args, "tool_call_id"):
+        return None
+    return CallKey(args.thread_id, args.message_id, args.tool_call_id)
 
-    With a wrong key, ``show`` would report intact records ``tampered`` and ``resolve --result`` would seal with
-    it and say "settled", leaving a record every replay refuses. The key passes when one sealed record checks
-    (an altered record fails with any key); with no sealed record among the first read, there is nothing to
-    test it on, and it is taken as given.
+
+@dataclasses.dataclass
+class KeyCheck:
+    """What the signing keys given check among the ledger's seals."""
+
+    tried: int = 0  #: sealed records the keys were tried on
+    signs: bool = False  #: the first key, the one that seals, checks one of them
+    reader: int | None = None  #: else the position (from 1) of a later key that checks one, if any
+
+
+def _check_key(ledger: Ledger, sealer: Sealer, near: CallKey | None) -> KeyCheck:
+    """Try the keys on the ledger's seals, those nearest the call ``near`` first, until the first key checks one.
+
+    Every sealed record is tried if need be: a bounded number could all be forged by whoever can write the
+    store, which would lock the right key out (an altered or forged seal checks with no key). A wrong key is
+    told only by a seal it does not check, so with no sealed record at all nothing tells (``tried == 0``).
     """
-    sealer = ledger.sealer
-    if sealer is None:
+    check = KeyCheck()
+    for record in _nearest_first(ledger, near):
+        if not is_sealed(record.result):
+            continue
+        check.tried += 1
+        position = sealer.key_of(record)
+        if position == 0:
+            check.signs = True
+            return check
+        if position is not None and check.reader is None:
+            check.reader = position + 1
+    return check
+
+
+def _nearest_first(ledger: Ledger, near: CallKey | None) -> Iterator[Record]:
+    """Every record of the ledger, once: ``near``'s own, then its thread's, then the others, newest first (the
+    newest are the likeliest to be sealed with the key the application signs with now)."""
+    seen: set[CallKey] = set()
+    if near is not None:
+        own = ledger.get(near)
+        if own is not None:
+            seen.add(own.key)
+            yield own
+    for thread_id in (near.thread_id, None) if near is not None else (None,):
+        for record in reversed(list(ledger.records(thread_id=thread_id))):
+            if record.key not in seen:
+                seen.add(record.key)
+                yield record
+
+
+def _warn_of_the_key(ledger: Ledger, sealer: Sealer, near: CallKey | None, output: Output) -> None:
+    """Before an action that seals nothing (reading, deleting): say when the key given checks none of the
+    ledger's seals, or the first key does not. Never refused: an operator must be able to look at a store whose
+    seals were forged, and deleting a record writes nothing with the key."""
+    check = _check_key(ledger, sealer, near)
+    if check.signs or not check.tried:
         return
-    tried = 0
-    records = ledger.records()
-    try:
-        for record in itertools.islice(records, _KEY_CHECK_READS):
-            if not is_sealed(record.result):
-                continue
-            try:
-                sealer.open(record)
-            except TamperedRecordError:
-                tried += 1
-                if tried == _KEY_CHECK_SEALS:
-                    break
-                continue
-            return
-    finally:
-        close = getattr(records, "close", None)  # a generator left early: its cursor is released now
-        if close is not None:
-            close()
-    if tried:
-        raise CommandError(
-            f"this key does not match the ledger's seals: it checks none of the {tried} sealed record(s) tried. "
-            "Nothing was read or written with it. Give the key the application signs with (--signing-key-file "
-            f"PATH or ${SIGNING_KEY_ENV}; while keys rotate, the new key and the old one, comma-separated).",
-            EXIT_WRONG_KEY,
+    if check.reader is not None:
+        text = (
+            f"note: the first signing key given, the one that seals, checks none of the {check.tried} sealed "
+            f"record(s) of this ledger; key {check.reader} does. Seals are read with every key given, but "
+            "`resolve` seals with the first only: put the key the application signs with first."
         )
+    else:
+        text = (
+            f"warning: the signing key given checks none of the {check.tried} sealed record(s) of this ledger: it "
+            "is not the key the application signs with, or every seal was forged by someone who can write the "
+            "store. Each seal is checked with it all the same (`show` reports one that does not check "
+            "tampered), and `resolve` will not seal a result with it."
+        )
+    print(text, file=output.err, flush=True)
+
+
+def _signing_key_or_refuse(ledger: Ledger, sealer: Sealer, call: CallKey, unchecked: bool) -> str | None:
+    """Before ``resolve`` seals a result: refuse (exit 6) a first key that checks none of the ledger's seals,
+    unless ``unchecked`` (``--seal-with-unchecked-key``). A key that merely checks *some* seal is not enough:
+    the first key seals, so a rotation list whose first key is wrong would write a result every replay refuses.
+    What to tell the operator before confirming, if anything."""
+    check = _check_key(ledger, sealer, call)
+    if check.signs:
+        return None
+    if not check.tried:
+        return (
+            "Note: no record of this ledger carries a seal, so the signing key given cannot be checked: the result "
+            "is sealed with the first key as given. A replay refuses it if the application signs with another."
+        )
+    if check.reader is not None:
+        problem = (
+            f"the first signing key given seals, and it checks none of the {check.tried} sealed record(s) of this "
+            f"ledger; key {check.reader} does. A result sealed with the first key is refused by a replay that does "
+            "not accept that key"
+        )
+        fix = (
+            "Give the keys in the order the application does: put the key the application signs with first "
+            f"(--signing-key-file PATH or ${SIGNING_KEY_ENV}; while keys rotate, the new key, then the old one). If "
+            f"the first key is the application's new key and nothing is sealed with it yet, pass {UNCHECKED_KEY}."
+        )
+    else:
+        problem = (
+            f"the signing key given checks none of the {check.tried} sealed record(s) of this ledger, so a result "
+            "sealed with it may be refused by every replay"
+        )
+        fix = (
+            "Either it is not the key the application signs with (give that key: --signing-key-file PATH or "
+            f"${SIGNING_KEY_ENV}; while keys rotate, the new key, then the old one), or every seal tried was forged "
+            "by someone who can write the store (`replaysafe ledger show` reports each record's seal check). Once "
+            f"you know this is the application's key, pass {UNCHECKED_KEY} to seal the result with it anyway."
+        )
+    if not unchecked:
+        raise CommandError(f"{problem}. {fix} Nothing was written.", EXIT_WRONG_KEY)
+    return f"Careful ({UNCHECKED_KEY}): {problem}. It is sealed with the first key all the same."
 
 
 def printable(text: str) -> str:
@@ -636,17 +729,22 @@ def _show(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     return EXIT_OK
 
 
-def _ledger_seals(ledger: Ledger, record: Record) -> bool | None:
-    """Whether the ledger seals its records, told without the key: by the record's own seal, else by
-    the first finished record of its thread, else of the ledger (a ledger that signs refuses every
-    unsealed finished record, so one tells for all); ``None`` when no finished record exists."""
-    if is_sealed(record.result):
-        return True
-    for thread_id in (record.key.thread_id, None):
-        for other in ledger.records(thread_id=thread_id):
-            if other.status in FINISHED:
-                return is_sealed(other.result)
-    return None
+def _ledger_seals(ledger: Ledger, record: Record) -> tuple[bool | None, CallKey | None]:
+    """Whether the ledger seals its records, told without the key, and the first sealed record found.
+
+    Any record carrying a seal tells that it does: the record's own, then its thread's, then the ledger's. A
+    ledger that signs seals every finished and paused record, and an in-doubt one that kept its steps (a result
+    starting ``rs-steps-1:``), so a seal on any of them tells, even past older records written before signing
+    was turned on. Without one, a record the ledger would have sealed (finished or paused, or holding a result)
+    tells that it does not; ``None`` when no record tells.
+    """
+    told_unsealed = False
+    for other in _nearest_first(ledger, record.key):
+        if is_sealed(other.result):
+            return True, other.key
+        if other.status in SEALED or other.result is not None:
+            told_unsealed = True
+    return (False if told_unsealed else None), None
 
 
 def _refuse_a_live_owner(record: Record, now: dt.datetime, force: bool) -> bool:
@@ -692,16 +790,26 @@ def _resolve(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
             "for mcp). Nothing was changed.",
             EXIT_USAGE,
         )
+    if args.seal_with_unchecked_key and (args.rerun or ledger.sealer is None):
+        raise CommandError(
+            f"{UNCHECKED_KEY} goes with a signing key and --result or --text: "
+            + ("--rerun seals nothing" if args.rerun else "no signing key was given"),
+            EXIT_USAGE,
+        )
     record = _record(ledger, args)
-    seals = None if args.rerun or ledger.sealer is not None else _ledger_seals(ledger, record)
+    seals, sealed = (None, None) if args.rerun or ledger.sealer is not None else _ledger_seals(ledger, record)
     if seals:
         # Written unsealed, the result would make every replay raise TamperedRecordError.
         raise CommandError(
-            f"the ledger seals its records and no signing key was given, so the result of {record.key} cannot be "
-            f"sealed and would be refused on replay. Pass the key: set ${SIGNING_KEY_ENV} or use "
-            "--signing-key-file PATH. Nothing was changed.",
+            f"the ledger seals its records (the record of {sealed} carries a seal) and no signing key was given, "
+            f"so the result of {record.key} cannot be sealed and would be refused on replay. Pass the key: set "
+            f"${SIGNING_KEY_ENV} or use --signing-key-file PATH. (If this ledger does not sign its records, that "
+            "seal was written by someone who can write the store: inspect it.) Nothing was changed.",
             EXIT_NO_KEY,
         )
+    key_note = None
+    if ledger.sealer is not None and not args.rerun:
+        key_note = _signing_key_or_refuse(ledger, ledger.sealer, record.key, args.seal_with_unchecked_key)
     now = utcnow()
     live_owner = _refuse_a_live_owner(record, now, args.force)
     notes: list[str] = []
@@ -718,9 +826,11 @@ def _resolve(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     output.say(_describe(record, now))
     for note in notes:
         output.say(printable(note))
+    if key_note is not None:
+        output.say(key_note)
     if seals is None and not args.rerun and ledger.sealer is None:
         output.say(
-            f"Note: no finished record shows whether this ledger seals its records. If your application signs "
+            "Note: no record shows whether this ledger seals its records. If your application signs "
             f"them, set ${SIGNING_KEY_ENV} or pass --signing-key-file, or a replay will refuse this result."
         )
     if live_owner:

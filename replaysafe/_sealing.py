@@ -79,11 +79,8 @@ class Sealer:
         if record.result is None and record.status not in SEALED:
             return None  # running or in doubt: nothing a replay would trust
         mac, encoded = (None, None) if record.result is None else _split(record.result)
-        if mac is not None:
-            for secret in self._secrets:
-                expected = self._mac(secret, record.key, record.tool_name, record.args_digest, record.status, encoded)
-                if hmac.compare_digest(mac, expected):
-                    return encoded
+        if mac is not None and self._position(record, mac, encoded) is not None:
+            return encoded
         if record.result is None:
             how = "written without a seal or a result"
         elif mac is None:
@@ -97,6 +94,21 @@ class Sealer:
             tool_name=record.tool_name,
             key=record.key,
         )
+
+    def key_of(self, record: Record) -> int | None:
+        """The position of the key whose seal ``record`` carries: 0 for the first (the one that seals), 1 for
+        the next...; ``None`` when it carries no seal or none of the keys checks it."""
+        if record.result is None:
+            return None
+        mac, encoded = _split(record.result)
+        return None if mac is None else self._position(record, mac, encoded)
+
+    def _position(self, record: Record, mac: str, encoded: str | None) -> int | None:
+        for position, secret in enumerate(self._secrets):
+            expected = self._mac(secret, record.key, record.tool_name, record.args_digest, record.status, encoded)
+            if hmac.compare_digest(mac, expected):
+                return position
+        return None
 
 
 def _split(text: str) -> tuple[str | None, str | None]:

@@ -472,6 +472,27 @@ def test_key_rotation(signed: Any) -> None:
     assert runs == ["1"]
 
 
+def test_key_of_names_the_key_that_made_a_seal() -> None:
+    """``Sealer.key_of`` gives the position of the key a seal checks with (0: the first, the one that seals), and
+    ``None`` for a forged seal or a result without one: the CLI refuses to seal with a first key that is the
+    position of no seal, even when a later key checks one (tests/test_ledger_cli_keys.py)."""
+    key = new_key()
+
+    def record(result: str | None, status: Status = Status.COMPLETED) -> Record:
+        return Record(key, "refund_order", "d" * 64, status, result, "a#1", 1, NOW, NOW, NOW)
+
+    by_a = _sealing.Sealer([KEY_A]).seal(key, "refund_order", "d" * 64, Status.COMPLETED, '"refunded"')
+    assert _sealing.Sealer([KEY_A, KEY_B]).key_of(record(by_a)) == 0
+    assert _sealing.Sealer([KEY_B, KEY_A]).key_of(record(by_a)) == 1
+    assert _sealing.Sealer([KEY_B]).key_of(record(by_a)) is None
+    assert _sealing.Sealer([KEY_A]).key_of(record(by_a, Status.FAILED)) is None  # the status is sealed too
+    forged = "rs-seal-1:" + "0" * 64 + ':"refunded"'
+    for result in (forged, '"refunded"', None):
+        assert _sealing.Sealer([KEY_A, KEY_B]).key_of(record(result)) is None
+    steps = _sealing.Sealer([KEY_A]).seal(key, "refund_order", "d" * 64, Status.IN_DOUBT, 'rs-steps-1:["charge"]')
+    assert _sealing.Sealer([KEY_B, KEY_A]).key_of(record(steps, Status.IN_DOUBT)) == 1  # an in-doubt seal counts
+
+
 def test_resolve_seals_its_result(signed: Any) -> None:
     """A result settled by hand is sealed like any other."""
     ledger, _, _ = signed
