@@ -331,7 +331,7 @@ _REPLAY, _RAISE_RECORDED, _WAIT, _IN_DOUBT, _RESUME = (
     Verdict.IN_DOUBT,
     Verdict.RESUME,
 )
-_REPLAYED, _EXECUTED = EventKind.REPLAYED, EventKind.EXECUTED
+_REPLAYED, _EXECUTED, _STARTED = EventKind.REPLAYED, EventKind.EXECUTED, EventKind.STARTED
 
 
 def owner_is_alive(record: Record, now: datetime, owner_alive: Callable[[str], bool | None]) -> bool:
@@ -703,6 +703,8 @@ def _protocol(
             )
         yield Sleep(min(backoff, left))
         backoff = min(backoff * 2, _constants.WAIT_BACKOFF_MAX)
+    if type(decision) is Run and decision.owner is not None and host.wanted(_STARTED):
+        _report_started(spec, decision)
     if not whole:
         return decision
     # A plain call: the tool runs and its outcome is recorded, in this same generator (one
@@ -1160,6 +1162,19 @@ def _finish(
     if executed and host.wanted(_EXECUTED):  # asked after the write: a listener may subscribe meanwhile
         _report_executed(spec, run, recorded=bool(recorded) and result_in_record)
     return bool(recorded)
+
+
+def _report_started(spec: ToolSpec, run: Run) -> None:
+    """The ``started`` event: the tool's body is about to run, as this attempt. A body that then raises,
+    pauses or is killed has no ``executed`` event: counting starts is how a test sees it ran at all."""
+    key = run.call.key
+    run.host.emit(
+        _STARTED,
+        f"{describe(spec.name, key)} starts (attempt {run.call.attempt})",
+        tool_name=spec.name,
+        key=key,
+        attempt=run.call.attempt,
+    )
 
 
 def _report_executed(spec: ToolSpec, run: Run, *, recorded: bool) -> None:

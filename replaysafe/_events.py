@@ -25,6 +25,7 @@ logger = logging.getLogger("replaysafe")
 class EventKind(str, enum.Enum):
     """What happened."""
 
+    STARTED = "started"  # the tool's body starts, as attempt ``Event.attempt`` (it may then raise, pause or die)
     EXECUTED = "executed"  # the tool returned (``Event.recorded``: whether its result was recorded)
     REPLAYED = "replayed"  # a recorded result was returned; the tool did not run
     IN_DOUBT = "in_doubt"  # the call's owner died or gave up mid-call
@@ -71,6 +72,7 @@ class EventHandler(Protocol):
 
 
 _LEVELS = {
+    EventKind.STARTED: logging.DEBUG,
     EventKind.EXECUTED: logging.DEBUG,
     EventKind.REPLAYED: logging.DEBUG,
     EventKind.RECONCILED: logging.INFO,

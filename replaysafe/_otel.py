@@ -50,6 +50,8 @@ def instrument_opentelemetry(tracer_provider: Any = None, *, meter_provider: Any
         if event.ledger is not None:
             counted["replaysafe.ledger"] = event.ledger
         calls.add(1, counted)
+        if event.kind is EventKind.STARTED:
+            return  # counted only: the executed event's span covers the run from its start
         end = int(event.at.timestamp() * 1e9)
         start = end - int((event.duration or 0) * 1e9)
         attributes: dict[str, Any] = dict(counted)

@@ -46,16 +46,17 @@ def test_executed_replayed_mismatch_unprotected(memory_ledger: MemoryLedger, eve
     with pytest.warns(UnprotectedCallWarning):
         refund_order("3")
     assert [e.kind for e in events] == [
+        EventKind.STARTED,
         EventKind.EXECUTED,
         EventKind.REPLAYED,
         EventKind.MISMATCH,
         EventKind.UNPROTECTED,
     ]
     assert all(e.tool_name == "refund_order" for e in events)
-    assert [e.key for e in events[:3]] == [key, key, key]
-    assert events[0].attempt == 1
-    assert events[0].duration is not None
-    assert events[2].args_digest is not None
+    assert [e.key for e in events[:4]] == [key, key, key, key]
+    assert events[0].attempt == events[1].attempt == 1
+    assert events[1].duration is not None
+    assert events[3].args_digest is not None
 
 
 def test_unsubscribe_and_failing_handlers(memory_ledger: MemoryLedger, caplog: pytest.LogCaptureFixture) -> None:
@@ -79,7 +80,7 @@ def test_unsubscribe_and_failing_handlers(memory_ledger: MemoryLedger, caplog: p
     unsubscribe_broken()
     with tool_call("t", "m", "c2"):
         tool()
-    assert len(heard) == 1
+    assert [event.kind for event in heard] == [EventKind.STARTED, EventKind.EXECUTED]
 
 
 def test_logs_carry_ids_never_arguments_or_results(
@@ -178,7 +179,8 @@ def test_executed_says_whether_the_result_was_recorded(
 
     with caplog.at_level(logging.DEBUG, logger="replaysafe"), tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", "c"):
         assert refund_order("1") == "refunded"
-    assert [event.kind for event in events] == [kind for kind in (first, EventKind.EXECUTED) if kind is not None]
+    expected = (EventKind.STARTED, first, EventKind.EXECUTED)
+    assert [event.kind for event in events] == [kind for kind in expected if kind is not None]
     executed = events[-1]
     assert executed.recorded is recorded
     assert executed.duration is not None
@@ -202,6 +204,7 @@ def test_executed_is_emitted_before_a_fail_closed_write_error(tmp_path: Path, ev
         refund_order("1")
     assert raised.value.result == "refunded"
     assert [(event.kind, event.recorded) for event in events] == [
+        (EventKind.STARTED, None),
         (EventKind.LEDGER_ERROR, None),
         (EventKind.EXECUTED, False),
     ]

@@ -65,7 +65,7 @@ def test_a_refund_then_a_pause_refunds_once_on_resume(ledger: Ledger, events: li
     assert paused.result == 'rs-steps-1:["refund"]'  # no result: the name of each step made, in order
     step = ledger.get(CallKey(ids[0], ids[1], f"{ids[2]}>refund#1"))
     assert step is not None and step.status is Status.COMPLETED
-    assert [e.kind for e in events if e.key == CallKey(*ids)] == [EventKind.PAUSED]
+    assert [e.kind for e in events if e.key == CallKey(*ids)] == [EventKind.STARTED, EventKind.PAUSED]
     with tool_call(*ids):
         assert refund_and_confirm("o1") == "re_o1 approved yes"
     assert refunds == ["o1"]

@@ -25,11 +25,14 @@ def _tool_name(tool: object) -> str:
 class CallLog:
     """The events of protected calls, in order, as ``record_calls()`` collected them.
 
-    A tool is given as the decorated function or as its tool name (a string). ``runs``
-    counts the calls whose body returned (``executed`` events, whether or not the result
-    could be recorded: ``Event.recorded`` says); ``replays`` the calls answered from the
-    ledger without running. A body that raised is not a run here. Calls that ran plainly
-    (no ledger, no ids, protection disabled) leave no trace here.
+    A tool is given as the decorated function or as its tool name (a string). ``starts``
+    counts the times its body began (``started`` events): every execution, including one that
+    raised, paused or was interrupted. ``runs`` counts the calls whose body returned
+    (``executed`` events, whether or not the result could be recorded: ``Event.recorded``
+    says); ``replays`` the calls answered from the ledger without running. To prove a side
+    effect happened once, assert on ``starts``: a body that raised after its side effect and
+    ran again is two starts and one run. Calls that ran plainly (no ledger, no ids, protection
+    disabled) leave no trace here.
     """
 
     def __init__(self) -> None:
@@ -45,6 +48,10 @@ class CallLog:
         name = _tool_name(tool)
         with self._lock:
             return sum(1 for event in self.events if event.tool_name == name and event.kind is kind)
+
+    def starts(self, tool: object) -> int:
+        """How many times the tool's body began, however it ended (returned, raised, paused, interrupted)."""
+        return self.count(tool, EventKind.STARTED)
 
     def runs(self, tool: object) -> int:
         """How many times the tool's body returned (its result recorded or not)."""
@@ -63,11 +70,21 @@ class CallLog:
         self.assert_runs(tool, 1)
 
     def assert_runs(self, tool: object, times: int) -> None:
-        """Fail with the counts unless the tool's body ran exactly ``times`` times."""
+        """Fail with the counts unless the tool's body ran (returned) exactly ``times`` times."""
         runs, replays = self.runs(tool), self.replays(tool)
         if runs != times:
             raise AssertionError(
-                f"{_tool_name(tool)}: its body ran {runs} time(s), expected {times} ({replays} replay(s) recorded)"
+                f"{_tool_name(tool)}: its body ran {runs} time(s), expected {times} "
+                f"({self.starts(tool)} start(s), {replays} replay(s) recorded)"
+            )
+
+    def assert_starts(self, tool: object, times: int) -> None:
+        """Fail with the counts unless the tool's body began exactly ``times`` times (however each ended)."""
+        starts = self.starts(tool)
+        if starts != times:
+            raise AssertionError(
+                f"{_tool_name(tool)}: its body began {starts} time(s), expected {times} "
+                f"({self.runs(tool)} returned, {self.replays(tool)} replay(s) recorded)"
             )
 
 

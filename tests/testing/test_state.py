@@ -180,7 +180,7 @@ def test_record_calls_counts_runs_and_replays(memory_ledger: MemoryLedger) -> No
     calls.assert_ran_once(refund)
     calls.assert_runs(email, 1)
     with pytest.raises(
-        AssertionError, match=r"refund: its body ran 1 time\(s\), expected 2 \(2 replay\(s\) recorded\)"
+        AssertionError, match=r"refund: its body ran 1 time\(s\), expected 2 \(1 start\(s\), 2 replay\(s\) recorded\)"
     ):
         calls.assert_runs(refund, 2)
     with pytest.raises(TypeError, match="not a @replay_safe tool"):
@@ -188,3 +188,39 @@ def test_record_calls_counts_runs_and_replays(memory_ledger: MemoryLedger) -> No
     with tool_call(*key):
         refund("o-1")
     assert calls.replays(refund) == 2  # the block ended: no longer listening
+
+
+def test_starts_count_every_execution_runs_only_those_that_returned(memory_ledger: MemoryLedger) -> None:
+    """A body that raised after its side effect and ran again: two starts, one run. ``runs`` alone would
+    say "once"; ``starts`` sees both executions. A paused body is a start and no run."""
+    effects: list[str] = []
+
+    class NeedsApproval(Exception):
+        pass
+
+    @replay_safe(ledger=memory_ledger)
+    def refund(order: str) -> str:
+        effects.append(order)
+        if len(effects) == 1:
+            raise ConnectionError("the provider's answer was lost")  # not recorded: the call runs again
+        return f"re_{order}"
+
+    @replay_safe(ledger=memory_ledger, pause_on=NeedsApproval)
+    def wire(order: str) -> str:
+        raise NeedsApproval(order)
+
+    key = _ids()
+    with record_calls() as calls:
+        with tool_call(*key), pytest.raises(ConnectionError):
+            refund("o-1")
+        with tool_call(*key):
+            assert refund("o-1") == "re_o-1"
+        with tool_call(*_ids()), pytest.raises(NeedsApproval):
+            wire("o-2")
+    assert effects == ["o-1", "o-1"]
+    assert (calls.starts(refund), calls.runs(refund)) == (2, 1)
+    assert calls.ran_once(refund)  # what it returned: once; what began: twice
+    calls.assert_starts(refund, 2)
+    with pytest.raises(AssertionError, match=r"refund: its body began 2 time\(s\), expected 1 \(1 returned"):
+        calls.assert_starts(refund, 1)
+    assert (calls.starts(wire), calls.runs(wire)) == (1, 0)
