@@ -16,6 +16,11 @@ without the signing key a sealed record's seal is reported unverified, and a res
 never written unsealed into a ledger that seals. Every string read from the store is
 escaped in human output, so an id holding a newline or a terminal escape sequence cannot
 forge or hide lines.
+
+``show``, ``resolve`` and ``delete`` name a call by its three ids, each as ``list`` prints it: whole, or
+shortened, ending in ``…`` (``list`` shortens ids past 24 characters; ``--wide`` does not), or ending in ``*``.
+An id that ends so is a prefix, unless a record holds it whole. The ids must name one record: a prefix that
+names several is refused (exit 2), listing them by their ids only.
 """
 
 from __future__ import annotations
@@ -27,17 +32,18 @@ import itertools
 import json
 import os
 import re
+import shlex
 import sqlite3
 import sys
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from ._clock import utcnow
-from ._codec import JsonSerializer
 from ._constants import LEDGER_URL_ENV
-from ._core import Verdict, judge
+from ._core import STEPS_PREFIX, Verdict, judge
 from ._errors import TamperedRecordError
 from ._identity import call_idempotency_key
 from ._keys import step_parent
@@ -46,6 +52,8 @@ from ._owners import owner_alive
 from ._records import CallKey, Record, Status
 from ._sealing import FINISHED, SEALED, SIGNING_KEY_ENV, Sealer, is_sealed, unsealed
 from ._shapes import JSON_NAME, Evidence, Installed, ResultShape, evidence, form_of, installed
+from ._unrecorded import PREFIX as UNRECORDED_PREFIX
+from ._unrecorded import REASONS as UNRECORDED_REASONS
 from ._unrecorded import parse as unrecorded
 from .ledgers import Ledger, open_ledger
 from .ledgers._protocol import diagnose
@@ -59,12 +67,25 @@ _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: The same records in every ledger: SQLSTATEs of a missing table or schema, SQLite's text.
 _MISSING_TABLE_STATES = ("42P01", "3F000")
+#: What ends an id given as a prefix: the "…" ``list`` shortens an id with, or "*".
+PREFIX_MARKS = ("…", "*")
+#: How many records a refused prefix names (ids only); the rest are counted.
+CANDIDATES_SHOWN = 10
+#: How ``show``, ``resolve`` and ``delete`` name a call, for their ``--help``.
+_KEY_HELP = (
+    "The call is named by its THREAD, MESSAGE and CALL ids, each whole or as `list` prints it: an id ending in … "
+    "(as `list` shortens one) or * is taken as the start of the id, unless a record holds it whole. They must name "
+    "one record: ids that name several are refused (exit 2), listing them. Quote each id for the shell; an id that "
+    "starts with - goes after --."
+)
 
 
 class CommandError(Exception):
-    def __init__(self, message: str, code: int) -> None:
+    def __init__(self, message: str, code: int, details: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.code = code
+        #: Lines printed after the message: each printable, made so by the code that wrote it.
+        self.details = tuple(details)
 
 
 def age(text: str) -> dt.timedelta:
@@ -140,9 +161,16 @@ def add_commands(commands: Any) -> None:
     _options(ledger, below=False)
     actions = ledger.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    listing = _action(actions, "list", "list records, newest first", "List records, newest first, a page at a time.")
-    listing.add_argument("--thread", help="only this thread")
-    listing.add_argument("--message", help="only this message")
+    listing = _action(
+        actions,
+        "list",
+        "list records, newest first",
+        "List records, newest first, a page at a time. Ids past 24 characters are shortened, ending in … "
+        "(--wide prints them whole): show, resolve and delete take them as printed. With --status in_doubt, a "
+        "resolve command to paste follows for each call listed.",
+    )
+    listing.add_argument("--thread", help="only this thread (ending in … or *: threads that start so)")
+    listing.add_argument("--message", help="only this message (ending in … or *: messages that start so)")
     listing.add_argument("--tool", help="only this tool")
     listing.add_argument(
         "--status", type=status, metavar="STATUS", help=f"only records in this state: {', '.join(STATUSES)}"
@@ -158,9 +186,19 @@ def add_commands(commands: Any) -> None:
     listing.add_argument(
         "--jsonl", action="store_true", help="one JSON object per line, every matching record (no paging unless asked)"
     )
+    listing.add_argument(
+        "--wide",
+        action="store_true",
+        help="print ids whole, however long (else past 24 characters they are shortened, ending in …)",
+    )
 
     show = _action(
-        actions, "show", "one record, its result decoded", "Show one record, its idempotency key and its result."
+        actions,
+        "show",
+        "one record, its result as stored",
+        "Show one record: its idempotency key, the seal check, and its result as the ledger stores it (JSON, "
+        "pretty-printed: nothing is decoded or imported), or in words what the ledger keeps in its place (a result "
+        f"not recorded, the steps a paused or in-doubt call made). {_KEY_HELP}",
     )
     _add_key(show)
 
@@ -169,7 +207,7 @@ def add_commands(commands: Any) -> None:
         "resolve",
         "settle an in-doubt call",
         "Settle an in-doubt call: record its result, or let the next replay run it again. A call whose owner is "
-        "still alive, or that is already finished, is refused unless --force.",
+        f"still alive, or that is already finished, is refused unless --force. {_KEY_HELP}",
     )
     _add_key(resolve)
     how = resolve.add_mutually_exclusive_group(required=True)
@@ -216,7 +254,7 @@ def add_commands(commands: Any) -> None:
         "delete",
         "delete one record, so the call may run again",
         "Delete one call's record (a recorded failure to retry, a record to drop): the next replay runs the tool "
-        "again. A call whose owner is still alive is refused unless --force.",
+        f"again. A call whose owner is still alive is refused unless --force. {_KEY_HELP}",
     )
     _add_key(delete)
     delete.add_argument(
@@ -244,9 +282,12 @@ def add_commands(commands: Any) -> None:
 
 
 def _add_key(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("thread_id", metavar="THREAD")
-    parser.add_argument("message_id", metavar="MESSAGE")
-    parser.add_argument("tool_call_id", metavar="CALL")
+    for name, metavar, what in (
+        ("thread_id", "THREAD", "thread"),
+        ("message_id", "MESSAGE", "message"),
+        ("tool_call_id", "CALL", "tool call"),
+    ):
+        parser.add_argument(name, metavar=metavar, help=f"the {what} id, whole or its start ending in … or *")
 
 
 @dataclasses.dataclass
@@ -298,6 +339,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, stdin: TextIO = sys.
                 raise _ledger_failure(ledger, exc) from exc
     except CommandError as exc:
         print(f"replaysafe ledger {args.action}: {printable(str(exc))}", file=err)
+        for line in exc.details:
+            print(line if line.isprintable() else printable(line), file=err)
         return exc.code
 
 
@@ -532,8 +575,75 @@ def _ago(moment: dt.datetime, now: dt.datetime) -> str:
     return f"{seconds}s"
 
 
-def _short(text: str, width: int = 24) -> str:
+#: How many characters of an id ``list`` prints without ``--wide``: a longer one is cut, ending in "…".
+ID_WIDTH = 24
+
+
+def _short(text: str, width: int = ID_WIDTH) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class IdGiven(NamedTuple):
+    """One id as the operator gave it: the text to match, and whether it is a prefix (it ended in … or *)."""
+
+    text: str
+    prefix: bool
+
+    @classmethod
+    def of(cls, given: str) -> IdGiven:
+        return cls(given[:-1], True) if given.endswith(PREFIX_MARKS) else cls(given, False)
+
+    def matches(self, value: str) -> bool:
+        """Whether the stored id ``value`` is this one: as stored, or as human output prints it (escaped)."""
+        if self.prefix:
+            return value.startswith(self.text) or printable(value).startswith(self.text)
+        return value == self.text or printable(value) == self.text
+
+    def starts(self, value: str) -> bool:
+        """Whether ``value`` starts with this id, taken as a prefix though it was not given as one."""
+        return IdGiven(self.text, True).matches(value)
+
+
+_SHELL_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def shell_word(text: str, *, always: bool = False) -> str:
+    """``text`` as one shell word, printable: ``shlex.quote`` (always single-quoted if ``always``), or, for text
+    holding control or other unprintable characters, bash's ``$'...'`` with those characters escaped, so that
+    the word pasted into bash or zsh is ``text`` exactly and printing it cannot act on the terminal."""
+    if text.isprintable():
+        quoted = shlex.quote(text)
+        return f"'{quoted}'" if always and not quoted.startswith("'") else quoted
+    escaped = []
+    for char in text:
+        code = ord(char)
+        if char in "\\'":
+            escaped.append("\\" + char)
+        elif char in _SHELL_ESCAPES:
+            escaped.append(_SHELL_ESCAPES[char])
+        elif char.isprintable():
+            escaped.append(char)
+        elif code < 0x80:
+            escaped.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            escaped.append(f"\\u{code:04x}")
+        else:
+            escaped.append(f"\\U{code:08x}")
+    return "$'" + "".join(escaped) + "'"
+
+
+def _ids(key: CallKey) -> str:
+    """A call's three ids as shell words, as a command takes them."""
+    return " ".join(shell_word(part, always=True) for part in key)
+
+
+def _candidates(keys: list[CallKey]) -> list[str]:
+    """Lines naming ``keys`` by their ids (ids only: never a result or an argument), a bounded number of them."""
+    keys = sorted(keys)
+    lines = [f"  {_ids(key)}" for key in keys[:CANDIDATES_SHOWN]]
+    if len(keys) > CANDIDATES_SHOWN:
+        lines.append(f"  and {len(keys) - CANDIDATES_SHOWN} more")
+    return lines
 
 
 def _at(when: dt.datetime | dt.timedelta, now: dt.datetime) -> dt.datetime:
@@ -552,11 +662,14 @@ def _list(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     now = utcnow()
     since = _at(args.since, now) if args.since is not None else None
     until = _at(args.until, now) if args.until is not None else None
+    thread = IdGiven.of(args.thread) if args.thread is not None else None
+    message = IdGiven.of(args.message) if args.message is not None else None
     records = [
         r
-        for r in _all_records(ledger, args.thread)
+        for r in _all_records(ledger, args.thread if thread is not None and not thread.prefix else None)
         if (args.status is None or _state(r, now) == args.status)
-        and (args.message is None or r.key.message_id == args.message)
+        and (thread is None or thread.matches(r.key.thread_id))
+        and (message is None or message.matches(r.key.message_id))
         and (args.tool is None or r.tool_name == args.tool)
         and (since is None or r.updated_at >= since)
         and (until is None or r.updated_at < until)
@@ -586,11 +699,12 @@ def _list(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
         )
         return EXIT_OK
     columns = ("THREAD", "MESSAGE", "CALL", "TOOL", "STATUS", "ATTEMPTS", "AGE", "OWNER")
+    cut: Callable[[str], str] = (lambda text: text) if args.wide else _short
     rows = [
         (
-            _short(printable(r.key.thread_id)),
-            _short(printable(r.key.message_id)),
-            _short(printable(r.key.tool_call_id)),
+            cut(printable(r.key.thread_id)),
+            cut(printable(r.key.message_id)),
+            cut(printable(r.key.tool_call_id)),
             "  " * (depths[r.key] - 1) + "└ " + printable(r.tool_name) if depths[r.key] else printable(r.tool_name),
             _state(r, now),
             str(r.attempt),
@@ -601,7 +715,68 @@ def _list(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     ]
     _table(output.out, columns, rows)
     print(f"{len(records)} record(s); page {page} of {pages}", file=output.out)
+    if not args.wide and any(len(printable(part)) > ID_WIDTH for r in shown for part in r.key):
+        print(
+            "Ids ending in … are shortened: --wide prints them whole; show, resolve and delete take them as "
+            "printed here.",
+            file=output.out,
+        )
+    if args.status == Status.IN_DOUBT.value and shown:
+        _resolve_commands(args, shown, output.out)
     return EXIT_OK
+
+
+def _resolve_commands(args: argparse.Namespace, records: list[Record], out: TextIO) -> None:
+    """A ``resolve`` command to paste for each of ``records``: the whole ids, shell-quoted, and the ledger and
+    signing key file options as the operator gave them (a password in the URL left out). Comment lines, to
+    paste with them."""
+    words = ["replaysafe", "ledger"]
+    hidden = False
+    if args.ledger:
+        url, hidden = _without_password(args.ledger)
+        words += ["--ledger", shell_word(url)]
+    if args.signing_key_file is not None:
+        words += ["--signing-key-file", shell_word(args.signing_key_file)]
+    print(
+        "\n# Settle each call once its provider tells whether it happened (look it up by the idempotency key):\n"
+        "# put what it did, as JSON in the shape its replay reads, in place of <json> (or --text TEXT for a text\n"
+        "# answer: docs/operations.md); if it did not happen, --rerun in place of --result '<json>' lets the next\n"
+        "# replay run it again.",
+        file=out,
+    )
+    if hidden:
+        print(
+            "# The ledger URL's password is shown as ***: put it back, or set $REPLAYSAFE_LEDGER_URL and leave "
+            "--ledger out.",
+            file=out,
+        )
+    for record in records:
+        key = record.key
+        print(
+            f"# {printable(record.tool_name)}, idempotency key {call_idempotency_key(*key, record.tool_name)}", file=out
+        )
+        if any(part.startswith("-") for part in key):  # an id argparse would read as an option goes after --
+            print(" ".join([*words, "resolve", "--result", "'<json>'", "--", _ids(key)]), file=out)
+        else:
+            print(" ".join([*words, "resolve", _ids(key), "--result", "'<json>'"]), file=out)
+
+
+_PASSWORD_IN_QUERY = re.compile(r"(?i)([?&]password=)[^&#]*")
+
+
+def _without_password(url: str) -> tuple[str, bool]:
+    """``url`` with the password of its user and a ``password=`` query option shown as ``***``, and whether
+    there was one: a command printed for an operator to paste may end up in a ticket."""
+    hidden = url
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is not None:
+            user, _, host = parts.netloc.rpartition("@")
+            hidden = urllib.parse.urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))
+    except ValueError:
+        pass
+    hidden = _PASSWORD_IN_QUERY.sub(r"\1***", hidden)
+    return hidden, hidden != url
 
 
 def _nested(records: list[Record]) -> list[tuple[Record, int]]:
@@ -656,12 +831,41 @@ def _summary(record: Record, now: dt.datetime) -> dict[str, Any]:
 
 
 def _record(ledger: Ledger, args: argparse.Namespace) -> Record:
+    """The one record the ids given name: the record of those ids as given, else the only one they match, each
+    id ending in … or * matching the ids that start so (docs/operations.md)."""
     key = CallKey(args.thread_id, args.message_id, args.tool_call_id)
     record = ledger.get(key)
-    if record is None:
-        _all_records(ledger)  # a ledger holding nothing at all is more likely the wrong one: say so
-        raise CommandError(f"no record for {key}", EXIT_NOT_FOUND)
-    return record
+    if record is not None:
+        return record
+    given = [IdGiven.of(part) for part in key]
+    matched: list[Record] = []
+    starting: list[CallKey] = []  # without … or *: the records whose ids start with the ids given
+    prefixed = any(part.prefix for part in given)
+    for other in _all_records(ledger):  # a ledger holding nothing at all is more likely the wrong one: say so
+        if all(part.matches(value) for part, value in zip(given, other.key, strict=True)):
+            matched.append(other)
+        elif not prefixed and all(part.starts(value) for part, value in zip(given, other.key, strict=True)):
+            starting.append(other.key)
+    if len(matched) == 1:
+        return matched[0]
+    if matched:
+        raise CommandError(
+            f"the ids given ({key}) match {len(matched)} records: give more of each id, or the whole ids "
+            f"(`replaysafe ledger list --wide` prints them). Nothing was changed. The records:",
+            EXIT_USAGE,
+            _candidates([other.key for other in matched]),
+        )
+    if prefixed:
+        raise CommandError(f"no record matches {key} (an id ending in … or * is the start of an id)", EXIT_NOT_FOUND)
+    if starting:
+        raise CommandError(
+            f"no record for {key}; the ids of {len(starting)} record(s) start with these. To name a record by the "
+            "start of its ids, end each id you shortened with … or * (as `replaysafe ledger list` prints a long "
+            "one), or give the whole ids:",
+            EXIT_NOT_FOUND,
+            _candidates(starting),
+        )
+    raise CommandError(f"no record for {key}", EXIT_NOT_FOUND)
 
 
 #: What ``show`` says of each ``result_check``, for a human.
@@ -671,38 +875,93 @@ _CHECKS = {
     "unverified": f"sealed, but no signing key was given to check it: set ${SIGNING_KEY_ENV} or pass "
     "--signing-key-file",
     "unsealed": "no seal and no signing key given: nothing to check (a replay with a signing key refuses it)",
-    "undecodable": "the stored text is not a result this command can decode",
     "none": "no result: the call has not finished",
 }
 
 
-def _decoded(ledger: Ledger, record: Record) -> tuple[str, Any]:
-    """(a key of ``_CHECKS``, value) of a record's result: only a seal checked with the key is "ok"."""
+def _stored(ledger: Ledger, record: Record) -> tuple[str, str | None]:
+    """(a key of ``_CHECKS``, the stored result text without its seal): only a seal checked with the key is
+    "ok"; the text of a seal that does not check is not given."""
     if record.result is None and (record.status not in SEALED or ledger.sealer is None):
         return "none", None
     if ledger.sealer is not None:
         try:
-            text = ledger.sealer.open(record)
+            return "ok", ledger.sealer.open(record)
         except TamperedRecordError:
             return "tampered", None
-        check = "ok"
-    else:
-        text = unsealed(record.result)
-        check = "unverified" if is_sealed(record.result) else "unsealed"
+    return ("unverified" if is_sealed(record.result) else "unsealed"), unsealed(record.result)
+
+
+class StoredResult(NamedTuple):
+    """What ``show`` says of the text a record keeps where a result goes, read as data only: JSON is parsed,
+    never decoded into the classes it names (nothing is imported or run)."""
+
+    kind: str | None  #: json, text (not JSON: a serializer's own), unrecorded, steps; None: nothing to show
+    value: Any = None  #: the stored JSON value (json), the stored text (text)
+    marker: Any = None  #: what a marker holds, as stored: the unrecorded result's reason, type and size; the steps
+    note: str | None = None  #: what it is, in words
+
+
+def _as_stored(record: Record, text: str | None) -> StoredResult:
     if text is None:
-        return check, None
+        return StoredResult(None)
+    found = unrecorded(text)
+    if found is not None:
+        size = f", {found.size} bytes" if found.size is not None else ""
+        return StoredResult(
+            "unrecorded",
+            marker=_json_or_none(text[len(UNRECORDED_PREFIX) :]),
+            note=f"none: the call ran; its result was not recorded "
+            f"({UNRECORDED_REASONS.get(found.reason, found.reason)}; a {found.type_name}{size}). It is finished "
+            "and never runs again: a replay raises ResultEncodingError until it is settled",
+        )
+    if text.startswith(STEPS_PREFIX) and record.status in (Status.PAUSED, Status.IN_DOUBT):
+        # Only there is it the steps marker (as a replay reads it): elsewhere it is a serializer's text.
+        names = _json_or_none(text[len(STEPS_PREFIX) :])
+        if isinstance(names, list) and all(isinstance(name, str) for name in names):
+            return StoredResult(
+                "steps",
+                marker=names,
+                note=f"none ({record.status.value}): the steps this call made, in order: {', '.join(names)}",
+            )
     try:
-        return check, json.loads(JsonSerializer().dumps(JsonSerializer().loads(text)))
-    except Exception:
-        return "undecodable", text
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return StoredResult(
+            "text",
+            text,
+            note="not JSON (a serializer of the application's own wrote it): shown as stored, escaped",
+        )
+    form = form_of(value)
+    if record.status is Status.FAILED and isinstance(value, dict) and set(value) == {"type", "message"}:
+        note = "the recorded failure: the error's type and message (a replay raises RecordedToolError)"
+    elif form.text.startswith("a JSON ") or form.text in ("true or false", "null"):
+        note = None
+    else:
+        note = (
+            f"replaysafe's JSON codec stored {form} here; shown as stored, nothing was imported (a replay "
+            "rebuilds it where its class is imported)"
+        )
+    return StoredResult("json", value, note=note)
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _show(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     record = _record(ledger, args)
     summary = _summary(record, utcnow())
-    check, value = _decoded(ledger, record)
+    check, text = _stored(ledger, record)
+    stored = _as_stored(record, text)
     summary["result_check"] = check
-    summary["result"] = value
+    summary["result"] = stored.value
+    summary["result_kind"] = stored.kind
+    summary["result_marker"] = stored.marker
+    summary["result_note"] = stored.note
     now = utcnow()
     steps = [r for r in ledger.records(thread_id=record.key.thread_id) if step_parent(r.key, r.tool_name) == record.key]
     summary["steps"] = [_summary(step, now) for step in steps]
@@ -715,11 +974,19 @@ def _show(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
             print(f"{name:>16}: {check} ({_CHECKS[check]})", file=out)
         elif name == "parent" and field is not None:
             print(f"{name:>16}: {printable(str(CallKey(**field)))}", file=out)
-        elif name not in ("result", "steps"):
+        elif not name.startswith("result") and name != "steps":
             print(f"{name:>16}: {printable(str(field))}", file=out)
-    # json.dumps escapes control characters itself; undecodable text is shown as stored, escaped.
-    shown = printable(str(value)) if check == "undecodable" else json.dumps(value, indent=2)
-    print(f"{'result':>16}: {shown}", file=out)
+    if stored.kind == "json":
+        # json.dumps escapes control and non-ASCII characters itself.
+        print(f"{'result':>16}: {json.dumps(stored.value, indent=2)}", file=out)
+    elif stored.kind == "text":
+        print(f"{'result':>16}: {printable(stored.value)}", file=out)
+    elif stored.kind is not None:
+        print(f"{'result':>16}: {printable(str(stored.note))}", file=out)
+    else:
+        print(f"{'result':>16}: null", file=out)
+    if stored.kind in ("json", "text") and stored.note is not None:
+        print(f"{'':>16}  ({printable(stored.note)})", file=out)
     for step in steps:
         print(
             f"{'step':>16}: {printable(step.tool_name)}, {_state(step, now)}, attempt {step.attempt}, "
