@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import sys
@@ -145,11 +146,15 @@ def _asked(effect: Reconcile, driving: Driving) -> Any:
     """The reconciler's answer (an awaitable, for an async one), the call's lease renewed meanwhile
     by the renewer thread: a sync reconciler blocks its thread, an event loop's too."""
     lease = _reconciler_lease(effect, driving)
+    # The reconciler runs outside every call: a step's would otherwise run as its parent, and its
+    # requests would take the parent's HTTP key ordinals, shifting the keys of the parent's own.
+    token = _current.set(None)
     try:
         if lease is not None:
             renewer.add(lease)
         return effect.reconciler(effect.call)
     finally:
+        _current.reset(token)
         if lease is not None:
             renewer.remove(lease)
 
@@ -383,7 +388,11 @@ async def _areconcile(effect: Reconcile, driving: Driving) -> Any:
     try:
         lease = _reconciler_lease(effect, driving)
         renewer.add(lease)  # by the renewer thread, as _ainvoke's: the reconciler may block this loop
-        return await answer
+        token = _current.set(None)  # outside every call, as _asked says
+        try:
+            return await answer
+        finally:
+            _current.reset(token)
     finally:
         renewer.remove(lease)
         if inspect.iscoroutine(answer) and inspect.getcoroutinestate(answer) == inspect.CORO_CREATED:
@@ -408,8 +417,11 @@ async def _ainvoke(run: Run, driving: Driving) -> Any:
             return await wrapped(*run.call.args, **run.call.kwargs)
         return await await_with_timeout(spec.name, run, wrapped(*run.call.args, **run.call.kwargs))
     finally:
-        _current.reset(token)
+        # The lease first: closed outside its context (its event loop closed under it), the coroutine
+        # cannot reset the variable, and a lease left behind would be renewed for as long as the process lives.
         renewer.remove(lease)
+        with contextlib.suppress(ValueError):
+            _current.reset(token)
         if not hard:
             report_late(spec, run)
 
