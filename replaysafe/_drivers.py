@@ -20,7 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Any, NamedTuple
 
-from ._clock import utcnow
+from . import _renewer
+from ._clock import MACHINE, Clocks
 from ._codec import JsonSerializer, Serializer
 from ._constants import LEASE_MARGIN
 from ._context import CallScope, _current
@@ -61,7 +62,8 @@ from .ledgers import Ledger
 from .ledgers._protocol import NO_RESULT, Handed, hand_in
 
 #: The world as the protocol sees it: this machine's clocks and processes, the event sink.
-HOST = Host(utcnow, time.monotonic, owner_alive, emit, wanted)
+#: (A test's stepped clock replaces the clocks: ``use_clocks``.)
+HOST = Host(MACHINE.now, MACHINE.monotonic, owner_alive, emit, wanted)
 
 
 class Driving(NamedTuple):
@@ -134,6 +136,13 @@ def _sleep(effect: Sleep, driving: Driving) -> None:
     time.sleep(effect.seconds)
 
 
+def _stepped_sleep(effect: Sleep, driving: Driving) -> None:
+    """A pause under a stepped clock (``use_clocks``): the clock is stepped by it, nobody sleeps."""
+    step = _clocks.step
+    assert step is not None
+    step(effect.seconds)
+
+
 def _reconciler_lease(effect: Reconcile, driving: Driving) -> Lease | None:
     """The call's lease while its reconciler answers in the tool's place: renewed as a run's under the
     built-in timeout is, up to the deadline plus the margin (a reconciler has no deadline of its own
@@ -176,7 +185,9 @@ def _lease(run: Run, driving: Driving, *, past_deadline: bool = True) -> Lease |
     reach = seconds(run.timeout + LEASE_MARGIN)
     if run.lease >= reach:
         return None
-    return new_lease(driving.ledger, driving.tool_name, run.call.key, run.owner, run.lease, until=utcnow() + reach)
+    return new_lease(
+        driving.ledger, driving.tool_name, run.call.key, run.owner, run.lease, until=run.host.now() + reach
+    )
 
 
 def _invoke(run: Run, driving: Driving) -> Any:
@@ -380,6 +391,11 @@ async def _asleep(effect: Sleep, driving: Driving) -> None:
     await asyncio.sleep(effect.seconds)
 
 
+async def _astepped_sleep(effect: Sleep, driving: Driving) -> None:
+    _stepped_sleep(effect, driving)
+    await asyncio.sleep(0)  # the loop's other tasks run, as during a sleep
+
+
 async def _areconcile(effect: Reconcile, driving: Driving) -> Any:
     answer = _asked(effect, driving)
     if not inspect.isawaitable(answer):
@@ -474,3 +490,26 @@ def resolve_by_hand(
 
 # Ledger.resolve() runs the protocol's resolve through this driver; check() probes at this host's time and owner.
 hand_in(Handed(resolve_by_hand, HOST.now, owner_token))
+
+
+#: The clocks handed in last (``use_clocks``).
+_clocks = MACHINE
+
+
+def use_clocks(clocks: Clocks) -> Clocks:
+    """Hand ``clocks`` to the protocol (``HOST``, and the per-ledger hosts built from it), the lease
+    renewer, and the ledgers (the time SQL ledgers hide expired records at); return the clocks they had.
+
+    Module attributes (and the performers of ``Sleep``) swapped once, for a test
+    (``replaysafe.testing.SteppedClock``): nothing on a call's path looks the clock up further than
+    it did. Under clocks that a test steps, the protocol's pauses step them instead of sleeping. Hard
+    deadlines stay the machine's timers (``_deadlines``).
+    """
+    global HOST, _clocks
+    before, _clocks = _clocks, clocks
+    HOST = HOST._replace(now=clocks.now, monotonic=clocks.monotonic)
+    hosts.clear()  # built from the HOST before (the decorator builds them again, from this one)
+    hand_in(Handed(resolve_by_hand, clocks.now, owner_token))
+    _SYNC[Sleep], _ASYNC[Sleep] = (_sleep, _asleep) if clocks.step is None else (_stepped_sleep, _astepped_sleep)
+    _renewer.use_clocks(clocks)
+    return before

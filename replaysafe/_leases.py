@@ -20,6 +20,9 @@ from ._records import CallKey
 #: A lease is renewed this many times over its length: two renewals may fail in a
 #: row (a slow or restarting ledger) before it runs out.
 RENEWALS_PER_LEASE = 3
+#: A renewal due this close (seconds) is made now: a clock a test steps to the due time by
+#: sums of steps must not miss it by a float's rounding (and a microsecond early is no matter).
+DUE_SLACK = 1e-6
 
 
 def renewal_interval(lease: timedelta) -> float:
@@ -87,8 +90,9 @@ class Schedule:
             self._compacted_size = len(self._heap)
 
     def due(self, monotonic_now: float) -> list[Lease]:
-        """Take out the active leases due by ``monotonic_now`` (put them back with ``add``)."""
+        """Take out the active leases due by ``monotonic_now``, within ``DUE_SLACK`` (put them back with ``add``)."""
         found = []
+        monotonic_now += DUE_SLACK
         while self._heap and (self._heap[0][0] <= monotonic_now or not self._heap[0][2].active):
             lease = heapq.heappop(self._heap)[2]
             if lease.active:

@@ -17,11 +17,11 @@ import collections
 import math
 import os
 import threading
-import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from ._clock import utcnow
+from ._clock import MACHINE, Clocks
 from ._errors import LedgerError, describe
 from ._events import logger
 from ._leases import Lease, Schedule, first_due, renewal_interval
@@ -30,6 +30,14 @@ from ._records import CallKey
 
 #: New leases queued before the renewer thread wakes to take them in (and drop ended ones).
 _MAX_INCOMING = 1024
+
+#: The clocks renewals are timed and written by: the drivers' (``use_clocks``), the machine's by default.
+#: Module attributes, swapped once, so that a new lease reads its clock as cheaply as ``time.monotonic``.
+_now: Callable[[], datetime] = MACHINE.now
+_monotonic: Callable[[], float] = MACHINE.monotonic
+#: Whether ``_monotonic`` moves by itself: the thread then sleeps until its next renewal is due; under
+#: a stepped clock it sleeps until woken (a step wakes it: ``Renewer.caught_up``).
+_timed = True
 
 
 def _reported(lease: Lease, renewed: bool | None, error: LedgerError | None = None) -> bool | None:
@@ -57,7 +65,7 @@ def _reported(lease: Lease, renewed: bool | None, error: LedgerError | None = No
 def renew_now(lease: Lease) -> bool | None:
     """Renew one lease: ``True`` done, ``False`` no longer ours, ``None`` the ledger failed."""
     try:
-        return _reported(lease, bool(perform(lease.renewal(utcnow()), lease)))
+        return _reported(lease, bool(perform(lease.renewal(_now()), lease)))
     except LedgerError as exc:
         return _reported(lease, None, exc)
 
@@ -69,7 +77,7 @@ def new_lease(
     none to keep (an unprotected run)."""
     if owner is None or not hasattr(ledger, "renew"):
         return None
-    return Lease(key, owner, tool_name, length, ledger, first_due(length, time.monotonic()), until=until)
+    return Lease(key, owner, tool_name, length, ledger, first_due(length, _monotonic()), until=until)
 
 
 class Renewer:
@@ -92,6 +100,11 @@ class Renewer:
         self._thread: threading.Thread | None = None
         #: When the thread next wakes by itself; -inf while it is awake (it sees new leases then).
         self._wakes_at = -math.inf
+        #: The passes the thread has begun and ended (a pass takes new leases in and renews those due):
+        #: ``caught_up`` waits for the end of one begun after it was called.
+        self._passes = threading.Condition()
+        self._begun = 0
+        self._ended = 0
 
     def add(self, lease: Lease | None) -> None:
         if lease is None:
@@ -114,32 +127,64 @@ class Renewer:
         if lease is not None:
             lease.end()
 
+    def wake(self) -> None:
+        """Have the thread look at its clock again (it was swapped, or stepped)."""
+        self._wake.set()
+
+    def caught_up(self, timeout: float) -> bool:
+        """Wake the thread and wait until it has made every renewal due by now on its clock (a stepped
+        clock's step calls it); ``False`` if it has not within ``timeout`` seconds. At once when there is
+        no thread (no lease was ever kept) or when asked by the thread itself (from a renewal)."""
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return True
+        with self._passes:
+            wanted = self._begun + 1  # a pass begun from now on reads the clock as it is now
+        self._wake.set()
+        with self._passes:
+            return self._passes.wait_for(lambda: self._ended >= wanted, timeout)
+
     def _run(self) -> None:
         schedule = Schedule()
         timeout: float | None = 0.0  # the lease that started the thread is already queued
         while True:
             self._wake.wait(timeout)
             self._wake.clear()
+            with self._passes:
+                self._begun += 1
+                this_pass = self._begun
             self._wakes_at = -math.inf  # awake: a lease added from now on is seen below or wakes us again
             while self._incoming:
                 lease = self._incoming.popleft()
                 if lease.active:  # most calls end before their first renewal is due
                     schedule.add(lease)
-            for lease in schedule.due(time.monotonic()):
-                lease.after_renewal(renew_now(lease), time.monotonic())
+            for lease in schedule.due(_monotonic()):
+                lease.after_renewal(renew_now(lease), _monotonic())
                 if lease.active:
                     schedule.add(lease)
             earliest = schedule.next_due()
-            timeout = None if earliest is None else max(earliest - time.monotonic(), 0.0)
+            timeout = None if earliest is None else max(earliest - _monotonic(), 0.0)
+            if timeout and not _timed:
+                timeout = None  # a stepped clock does not move while we sleep: its step wakes us
             self._wakes_at = math.inf if earliest is None else earliest
             # A lease queued after the loop above, while _wakes_at was still -inf, did not wake us:
             # look again now that it is set (add() appends before it reads _wakes_at, so one of the
             # two sees the other: the lease is taken in either way).
             if self._incoming:
                 timeout = 0.0
+            with self._passes:
+                self._ended = this_pass
+                self._passes.notify_all()
 
 
 renewer = Renewer()
+
+
+def use_clocks(clocks: Clocks) -> None:
+    """Time and write renewals by ``clocks`` from now on (``_drivers.use_clocks`` hands them in)."""
+    global _now, _monotonic, _timed
+    _now, _monotonic, _timed = clocks.now, clocks.monotonic, clocks.step is None
+    renewer.wake()  # asleep until a renewal due on the clocks it had
 
 
 def _reset_in_child() -> None:

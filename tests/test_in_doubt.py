@@ -8,7 +8,6 @@ import gc
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 import warnings
 from pathlib import Path
@@ -25,7 +24,6 @@ from replaysafe import (
     Event,
     EventKind,
     Ledger,
-    Record,
     SqliteLedger,
     Status,
     current_call,
@@ -35,8 +33,10 @@ from replaysafe import (
     tool_call,
 )
 from replaysafe.ledgers import RetryPolicy
+from replaysafe.testing import SteppedClock
 
 from .faults import OTHER_WORKER, drop_ledger_table, take_over_as_another_worker
+from .waiting import SeesWaiting
 
 CHILD = str(Path(__file__).with_name("child.py"))
 
@@ -259,44 +259,46 @@ def test_a_reconciler_that_raises_is_not_reported_as_an_answer(
 
 @pytest.mark.parametrize("flavour", ["sync-tool", "async-tool", "async-tool-sync-reconciler"])
 def test_a_slow_reconciler_keeps_the_calls_lease(
-    durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path, flavour: str
+    durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path, flavour: str, replaysafe_clock: SteppedClock
 ) -> None:
     """The reconciler answers in the tool's place, so the call's lease is kept alive while it asks
     the provider, as it would be while the tool ran: a lookup slower than the lease is not taken
     for a dead owner (another host would take the call over and might run the tool again). A sync
-    reconciler of an async tool blocks the event loop, so its lease is renewed by the renewer thread."""
+    reconciler of an async tool blocks the event loop, so its lease is renewed by the renewer thread.
+    The lookup takes its time on the stepped clock: each step returns once the renewals due are made."""
+    clock = replaysafe_clock
     effects = tmp_path / "effects"
     key = crash_inside_the_tool(durable_ledger_url, effects)
-    lease, slow = 0.6, 2.0  # seconds: the reconciler takes over three leases
+    lease = dt.timedelta(seconds=0.6)
+    reach: list[dt.timedelta] = []  # how far the stored lease reaches past the clock, after each step
 
-    def renewed_since(record: Record | None, started: dt.datetime) -> bool:
-        assert record is not None and record.status is Status.RUNNING and record.attempt == 2
-        # Unrenewed, it would end by started + lease; renewed every lease/3, it reaches well past
-        # started + slow - lease (slack for a renewer a tick or two late on a loaded machine).
-        return record.lease_expires_at > started + dt.timedelta(seconds=slow - lease)
+    def look_up() -> None:
+        for _ in range(4):  # two seconds: over three leases
+            clock.advance(0.5)  # past a renewal interval (a third of the lease)
+            record = durable_ledger.get(key)
+            assert record is not None and record.status is Status.RUNNING and record.attempt == 2
+            reach.append(record.lease_expires_at - clock.now())
 
-    seen: list[bool] = []
     answer = "Refunded 59.00 (found at provider)"
 
     def slow_lookup(call: CallInfo) -> Any:
-        started = dt.datetime.now(dt.timezone.utc)
-        time.sleep(slow)  # blocks its thread: an event loop's too, for an async tool
-        seen.append(renewed_since(durable_ledger.get(key), started))
+        look_up()  # blocks its thread: an event loop's too, for an async tool
         return answer
 
     async def aslow_lookup(call: CallInfo) -> Any:
-        started = dt.datetime.now(dt.timezone.utc)
-        await asyncio.sleep(slow)
-        seen.append(renewed_since(await durable_ledger.aio.get(key), started))
+        await asyncio.sleep(0)
+        look_up()
         return answer
 
     if flavour == "sync-tool":
         with tool_call(*key):
-            found = refund_tool(durable_ledger, effects, in_doubt=slow_lookup, lease=lease)("1042", 59.0)
+            found = refund_tool(durable_ledger, effects, in_doubt=slow_lookup, lease=lease.total_seconds())(
+                "1042", 59.0
+            )
     else:
         reconciler = aslow_lookup if flavour == "async-tool" else slow_lookup
 
-        @replay_safe(ledger=durable_ledger, in_doubt=reconciler, lease=lease)
+        @replay_safe(ledger=durable_ledger, in_doubt=reconciler, lease=lease.total_seconds())
         async def refund_order(order_id: str, amount: float) -> str:
             raise AssertionError("a reconciled call does not run the tool")
 
@@ -306,7 +308,8 @@ def test_a_slow_reconciler_keeps_the_calls_lease(
 
         found = asyncio.run(main())
     assert found == answer
-    assert seen == [True], "the lease ran out while the reconciler asked"
+    # Unrenewed, the takeover's lease would have run out at the second step.
+    assert reach == [lease] * 4, "the lease was not renewed while the reconciler asked"
     assert attempts_in(effects) == ["1"]
 
 
@@ -440,9 +443,13 @@ def test_resolve_refuses_a_settled_call(ledger: Ledger) -> None:
 
 
 def test_a_live_owner_elsewhere_on_this_machine_is_never_declared_dead(
-    durable_ledger: Ledger, durable_ledger_url: str
+    durable_ledger: Ledger, durable_ledger_url: str, replaysafe_clock: SteppedClock
 ) -> None:
-    """Past its 1 s lease, a live owner process is still waited for, not taken over."""
+    """Past its 1 s lease, a live owner process is still waited for, not taken over (until the wait gives up).
+
+    The clock replaysafe reads here is stepped past the lease the owner wrote on the machine's clock; the
+    replay's pauses between its looks step it further, so its wait (0.3 s) is over at once."""
+    clock = replaysafe_clock
     thread = f"t-{uuid.uuid4().hex[:8]}"
     holder = subprocess.Popen(
         [sys.executable, CHILD, "hold", durable_ledger_url, thread], stdout=subprocess.PIPE, text=True
@@ -453,11 +460,11 @@ def test_a_live_owner_elsewhere_on_this_machine_is_never_declared_dead(
         key = CallKey(thread, "msg_7", "call_1")
         record = durable_ledger.get(key)
         assert record is not None
-        while dt.datetime.now(dt.timezone.utc) <= record.lease_expires_at:
-            time.sleep(0.1)  # let the 1 s lease run out
+        clock.advance(max(record.lease_expires_at - clock.now(), dt.timedelta(0)) + dt.timedelta(seconds=1))
+        observed = SeesWaiting(durable_ledger)  # counts the looks that find the call running
         runs: list[int] = []
 
-        @replay_safe(ledger=durable_ledger, wait_timeout=0.3)
+        @replay_safe(ledger=observed, wait_timeout=0.3)
         def refund_order(order_id: str, amount: float) -> str:
             runs.append(1)
             return "second run"
@@ -465,6 +472,7 @@ def test_a_live_owner_elsewhere_on_this_machine_is_never_declared_dead(
         with tool_call(*key), pytest.raises(CallInProgressError):
             refund_order("1042", 59.0)
         assert runs == []
+        assert observed.waits > 1  # found running past its lease, and waited for until the wait gave up
     finally:
         holder.kill()
         holder.wait()

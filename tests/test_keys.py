@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from replaysafe import (
     replay_safe,
     tool_call,
 )
+from replaysafe.testing import SteppedClock
 
 
 def new_thread() -> str:
@@ -161,19 +163,31 @@ def test_a_keyed_tool_inside_a_parent_keeps_its_own_key(ledger: Ledger) -> None:
     assert charges == [order]
 
 
-def test_keys_with_ttl(durable_ledger_url: str) -> None:
-    """A record under a chosen key expires with the ledger's ttl like any other; then the call runs again."""
+def test_keys_with_ttl(durable_ledger_url: str, replaysafe_clock: SteppedClock) -> None:
+    """A record under a chosen key expires with the ledger's ttl like any other; then the call runs again.
+
+    The SQL ledgers expire a record at the clock replaysafe is handed: stepped here, to a microsecond before
+    the ttl ends and then to its end. Redis expires the key itself, on its server's clock, which no stepped
+    clock moves: there the test waits (bounded) until the server has expired both records."""
+    clock = replaysafe_clock
     runs: dict[str, int] = {"args": 0, "business": 0}
-    with replaysafe.open_ledger(durable_ledger_url, ttl=2) as ledger:
+    keys: dict[str, CallKey] = {}
+    ttl = timedelta(seconds=1)
+    with replaysafe.open_ledger(durable_ledger_url, ttl=ttl.total_seconds()) as ledger:
+
+        def ran(kind: str) -> None:
+            runs[kind] += 1
+            info = current_call()
+            keys[kind] = CallKey(info.thread_id, info.message_id, info.tool_call_id)
 
         @replay_safe(ledger=ledger, key="args")
         def by_args(x: int) -> int:
-            runs["args"] += 1
+            ran("args")
             return x
 
         @replay_safe(ledger=ledger, key=lambda x: f"k{x}")
         def by_key(x: int) -> int:
-            runs["business"] += 1
+            ran("business")
             return x
 
         thread = new_thread()
@@ -186,8 +200,18 @@ def test_keys_with_ttl(durable_ledger_url: str) -> None:
         call_both("msg_1")
         call_both("msg_2")
         assert runs == {"args": 1, "business": 1}
-        record = ledger.get(CallKey(thread, "replaysafe:args", next(iter(ledger.records(thread_id=thread))).key[2]))
-        assert record is not None and record.expires_at is not None
-        time.sleep(2.5)  # past the ttl: both records stopped counting
-        call_both("msg_3")
+        assert keys["args"].message_id == "replaysafe:args" and keys["business"].thread_id == "replaysafe:key"
+        records = [ledger.get(key) for key in keys.values()]
+        assert all(record is not None and record.expires_at is not None for record in records)
+        if durable_ledger_url.startswith("redis"):
+            for _ in range(100):  # bounded: 10 s
+                if all(ledger.get(key) is None for key in keys.values()):
+                    break
+                time.sleep(0.1)
+        else:
+            clock.advance(ttl - timedelta(microseconds=1))
+            call_both("msg_3")  # a microsecond before the ttl ends: replayed
+            assert runs == {"args": 1, "business": 1}
+            clock.advance(timedelta(microseconds=1))
+        call_both("msg_4")  # past the ttl: both records stopped counting
         assert runs == {"args": 2, "business": 2}

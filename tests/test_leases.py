@@ -1,8 +1,13 @@
 """Leases: renewed while a tool runs, so another host waits instead of taking the call over.
 
-The cross-host tests run two real processes on one real ledger. The second one
-names another machine in its owner tokens (``REPLAYSAFE_OWNER_MACHINE``), so it
-cannot check the first one's pid: only the lease tells it the owner is alive.
+The protocol decides when a lease has run out, and the renewer when one is due, on the clock
+they are handed: the tests of those decisions step a ``SteppedClock`` and run in a moment (a
+replay's pauses while it waits for a live owner step it too). A
+few run in real time, end to end, to prove the real timers: on each ledger the renewer thread
+renews a running call's lease, and another host's lease runs out and is taken over; and the
+cross-host tests run two real processes on one real ledger. The second one names another
+machine in its owner tokens (``REPLAYSAFE_OWNER_MACHINE``), so it cannot check the first one's
+pid: only the lease tells it the owner is alive.
 """
 
 from __future__ import annotations
@@ -23,20 +28,24 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from replaysafe import (
+    CallInProgressError,
     CallKey,
     Event,
     EventKind,
     Ledger,
     MemoryLedger,
+    Record,
     SqliteLedger,
     Status,
+    current_call,
     on_event,
     open_ledger,
     replay_safe,
@@ -44,11 +53,15 @@ from replaysafe import (
 )
 from replaysafe._leases import Lease, Schedule, first_due, renewal_interval
 from replaysafe._owners import OWNER_MACHINE_ENV
+from replaysafe.testing import SteppedClock
 
-from .conftest import _unavailable
+from .conftest import LEDGER_BACKENDS, _unavailable
+from .waiting import SeesWaiting
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ["sync", "sync-worker", "async", "async-blocking", "stream", "astream"]
+#: An owner on another machine: this process cannot look at it, so only its lease says whether it lives.
+OTHER_HOST = "another-host:1:1#1"
 
 
 def _worker(
@@ -82,30 +95,64 @@ def _outcome(process: subprocess.Popen[str]) -> object:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(400):  # bounded: 20 s
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not happen within 20s")
+
+
+def _recorded(ledger: Ledger, tool: Callable[..., Any], *args: Any) -> Record:
+    """The record ``tool(*args)`` leaves, run once under throwaway ids: its tool name and argument digest."""
+    key = CallKey(f"probe-{uuid.uuid4().hex[:8]}", "m", "c")
+    with tool_call(*key):
+        tool(*args)
+    record = ledger.get(key)
+    assert record is not None
+    return record
+
+
+def _claimed_by_another_host(ledger: Ledger, key: CallKey, like: Record, now: datetime, lease: timedelta) -> Record:
+    """``key`` claimed, as ``like``'s call, by a process on another machine, at ``now``, for ``lease``."""
+    found = ledger.claim(
+        key,
+        tool_name=like.tool_name,
+        args_digest=like.args_digest,
+        owner=OTHER_HOST,
+        now=now,
+        lease_expires_at=now + lease,
+    )
+    assert found.claimed
+    return found.record
+
+
+# --- real time, end to end: the real renewer and the real clock ----------------------------
+
+#: The real renewer across processes: every kind of tool on SQLite, one kind on each server ledger (each
+#: kind's lease is renewed on every ledger, in process and on the stepped clock, further down).
+CROSS_PROCESS = [*(("sqlite", kind) for kind in KINDS), ("postgres", "sync-worker"), ("redis", "async-blocking")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("backend", "kind"), CROSS_PROCESS)
 def test_a_tool_outliving_its_lease_is_not_taken_over_by_another_host(
-    kind: str, durable_ledger_url: str, tmp_path: Path
+    backend: str, kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """A tool runs ~3x its lease; a process on 'another host' replays the same call meanwhile.
 
     It waits for the owner's result instead of taking the call over: the tool runs once,
     and both get the same result. Without renewal the lease runs out and it runs twice.
+    Real time: the renewer thread's own timer keeps the lease, across two processes.
     """
+    url = LEDGER_BACKENDS[backend](request)
     effects = tmp_path / "effects"
     thread = f"lease-{uuid.uuid4().hex[:8]}"
-    owner = _worker(kind, durable_ledger_url, effects, thread, lease="0.9", seconds=3.0, wait=60, env={})
+    owner = _worker(kind, url, effects, thread, lease="0.9", seconds=3.0, wait=60, env={})
     try:
         _wait_for_effect(effects, owner)
         other = _worker(
-            kind,
-            durable_ledger_url,
-            effects,
-            thread,
-            lease="0.9",
-            seconds=3.0,
-            wait=60,
-            env={OWNER_MACHINE_ENV: "another-host"},
+            kind, url, effects, thread, lease="0.9", seconds=3.0, wait=60, env={OWNER_MACHINE_ENV: "another-host"}
         )
         owner_result, other_result = _outcome(owner), _outcome(other)
     finally:
@@ -116,10 +163,12 @@ def test_a_tool_outliving_its_lease_is_not_taken_over_by_another_host(
     assert str(owner.pid) in json.dumps(owner_result)
 
 
-def test_the_renewed_lease_is_stored_while_the_tool_runs(durable_ledger_url: str) -> None:
-    """The record's lease moves forward while a long tool runs, and no further once it is done."""
+def test_the_renewed_lease_is_stored_while_the_tool_runs(ledger_url: str) -> None:
+    """The record's lease moves forward while a long tool runs, and no further once it is done.
+
+    Real time, on each ledger: the renewer thread renews on its own timer."""
     seen = []
-    with open_ledger(durable_ledger_url) as ledger:
+    with open_ledger(ledger_url) as ledger:
         key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
 
         @replay_safe(ledger=ledger, lease=0.6, timeout=None)
@@ -143,6 +192,158 @@ def test_the_renewed_lease_is_stored_while_the_tool_runs(durable_ledger_url: str
     assert len(seen) == 2, "the lease was never renewed while the tool ran"
     assert final is not None
     assert final.status is Status.COMPLETED
+
+
+def test_a_lease_run_out_in_real_time_is_taken_over(ledger: Ledger) -> None:
+    """Another host's lease runs out on the machine's clock: a replay takes the call over as in doubt and
+    runs it again (attempt 2). Real time, on each ledger: no clock is handed in."""
+    attempts: list[int] = []
+
+    @replay_safe(ledger=ledger)
+    def refund_order(order_id: str) -> str:
+        attempts.append(current_call().attempt)
+        return "refunded"
+
+    like = _recorded(ledger, refund_order, "1")
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+    claimed = _claimed_by_another_host(ledger, key, like, datetime.now(timezone.utc), timedelta(seconds=0.3))
+    _wait_for(lambda: datetime.now(timezone.utc) > claimed.lease_expires_at, "the lease running out")
+    attempts.clear()
+    with tool_call(*key):
+        assert refund_order("1") == "refunded"
+    assert attempts == [2]
+    record = ledger.get(key)
+    assert record is not None and (record.status, record.attempt) == (Status.COMPLETED, 2)
+
+
+# --- on the stepped clock: which lease has run out, and which is renewed ----------------------
+
+
+def test_another_hosts_call_is_waited_for_until_its_lease_runs_out(
+    ledger: Ledger, replaysafe_clock: SteppedClock
+) -> None:
+    """Until its lease ends on the clock replaysafe is handed, another host's running call is waited for (the
+    wait gives up with CallInProgressError); from the very moment it ends, the call is in doubt and taken over.
+    The replay's pauses between its looks step the clock: its wait (0.5 s) is over at once."""
+    clock = replaysafe_clock
+    observed = SeesWaiting(ledger)  # counts the looks that find the call running under another owner
+    attempts: list[int] = []
+
+    @replay_safe(ledger=observed, wait_timeout=0.5)
+    def refund_order(order_id: str) -> str:
+        attempts.append(current_call().attempt)
+        return "refunded"
+
+    like = _recorded(ledger, refund_order, "1")
+    attempts.clear()
+    first, second = (CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1") for _ in range(2))
+    lease_ends = _claimed_by_another_host(ledger, first, like, clock.now(), timedelta(seconds=30)).lease_expires_at
+    exact_end = _claimed_by_another_host(ledger, second, like, clock.now(), timedelta(seconds=40)).lease_expires_at
+    clock.advance(25)
+    with tool_call(*first), pytest.raises(CallInProgressError):
+        refund_order("1")  # from 25 s to 25.5 s: waited for, then given up on
+    assert observed.waits > 1 and attempts == []
+    clock.advance(lease_ends - clock.now() - timedelta(seconds=0.4))
+    looks = observed.waits
+    with tool_call(*first):  # waited for while its last 0.4 s run out, then taken over
+        assert refund_order("1") == "refunded"
+    assert observed.waits - looks > 1 and attempts == [2] and clock.now() > lease_ends
+    looks = observed.waits
+    clock.advance(exact_end - clock.now())
+    with tool_call(*second):  # taken over at the first look, at the very end of its lease
+        assert refund_order("1") == "refunded"
+    assert (observed.waits - looks, attempts) == (1, [2, 2])
+    for key in (first, second):
+        record = ledger.get(key)
+        assert record is not None and (record.status, record.attempt) == (Status.COMPLETED, 2)
+
+
+def _outlive(kind: str, ledger: Ledger, key: CallKey, clock: SteppedClock, lease: float) -> list[timedelta]:
+    """Call a tool of ``kind`` that runs for three of its leases on the stepped clock, in six steps; return
+    how far its stored lease reached past the clock after each step."""
+    reach: list[timedelta] = []
+
+    def step() -> None:
+        clock.advance(lease / 2)  # past a renewal interval (a third of the lease) each time
+        record = ledger.get(key)
+        assert record is not None
+        reach.append(record.lease_expires_at - clock.now())
+
+    options: dict[str, Any] = {"ledger": ledger, "lease": lease, "timeout": None, "name": "send_invitations"}
+    if kind in ("sync", "sync-worker"):
+
+        @replay_safe(**{**options, "timeout": 600 if kind == "sync-worker" else None})
+        def work() -> str:
+            for _ in range(6):
+                step()
+            return "sent"
+
+        results: list[str] = []
+
+        def call() -> None:
+            with tool_call(*key):
+                results.append(work())
+
+        if kind == "sync":
+            call()
+        else:  # a timeout, called off the main thread: the tool runs in the worker pool
+            caller = threading.Thread(target=call)
+            caller.start()
+            caller.join(60)
+        assert results == ["sent"]
+    elif kind in ("async", "async-blocking"):
+
+        @replay_safe(**options)
+        async def awork() -> str:
+            for _ in range(6):
+                step()  # blocks the event loop while the step waits for the renewer
+                if kind == "async":
+                    await asyncio.sleep(0)
+            return "sent"
+
+        async def acall() -> str:
+            async with tool_call(*key):
+                return await awork()
+
+        assert asyncio.run(acall()) == "sent"
+    elif kind == "stream":
+
+        @replay_safe(**options)
+        def chunks() -> Iterator[int]:
+            for n in range(3):
+                step()
+                step()
+                yield n
+
+        with tool_call(*key):
+            assert list(chunks()) == [0, 1, 2]
+    else:
+
+        @replay_safe(**options)
+        async def achunks() -> AsyncIterator[int]:
+            for n in range(3):
+                step()
+                step()
+                yield n
+
+        async def consume() -> list[int]:
+            async with tool_call(*key):
+                return [n async for n in achunks()]
+
+        assert asyncio.run(consume()) == [0, 1, 2]
+    return reach
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tool_outliving_its_lease_keeps_it_renewed(kind: str, ledger: Ledger, replaysafe_clock: SteppedClock) -> None:
+    """Each kind of tool runs for three of its leases: after every step of the clock its lease has been renewed
+    to the full length from the new time, so another host, which can only read the lease, finds its owner
+    alive and waits. Without renewal the lease would have run out after the second step."""
+    key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+    reach = _outlive(kind, ledger, key, replaysafe_clock, lease=0.9)
+    assert reach == [timedelta(seconds=0.9)] * 6, f"the lease was not renewed at each step: {reach}"
+    record = ledger.get(key)
+    assert record is not None and (record.status, record.attempt) == (Status.COMPLETED, 1)
 
 
 # --- the pure schedule ------------------------------------------------------------------
@@ -195,31 +396,33 @@ def test_ended_leases_do_not_pile_up_in_the_schedule() -> None:
     assert schedule.due(200.0) == [keep]
 
 
-async def test_async_calls_are_renewed_by_the_renewer_thread_not_a_timer_on_their_loop() -> None:
+async def test_async_calls_are_renewed_by_the_renewer_thread_not_a_timer_on_their_loop(
+    replaysafe_clock: SteppedClock,
+) -> None:
     """The leases of async calls running together are renewed while their tools run, by the renewer thread: no
     timer is set on their event loop (a tool that blocks the loop would stop it), and each lease moves on even
-    while a tool blocks the loop."""
+    while a tool blocks the loop: here the step of the clock itself, which returns once the renewals are made."""
+    clock = replaysafe_clock
     ledger = MemoryLedger()
     loop = asyncio.get_running_loop()
-    seen: dict[str, tuple[datetime, datetime]] = {}
-    both_run = asyncio.Event()
+    reach: dict[str, timedelta] = {}
+    both_run, stepped = asyncio.Event(), asyncio.Event()
     timers: list[int] = []
 
     @replay_safe(ledger=ledger, lease=0.3, timeout=None)
     async def long_task(label: str) -> None:
-        record = ledger.get(keys[label])
-        assert record is not None
         if label == "second":
             timers.append(sum(1 for h in loop._scheduled if not h.cancelled()))  # type: ignore[attr-defined]
             both_run.set()
         await both_run.wait()
         if label == "first":
-            time.sleep(1.0)  # blocks the loop; renewed every 0.1 s all the same  # noqa: ASYNC251
+            clock.advance(1.0)  # blocks the loop until both leases are renewed
+            stepped.set()
         else:
-            await asyncio.sleep(1.0)
+            await stepped.wait()
         renewed = ledger.get(keys[label])
         assert renewed is not None
-        seen[label] = (record.lease_expires_at, renewed.lease_expires_at)
+        reach[label] = renewed.lease_expires_at - clock.now()
 
     keys = {label: CallKey(f"t-{uuid.uuid4().hex[:8]}", "m", "c") for label in ("first", "second")}
 
@@ -229,9 +432,7 @@ async def test_async_calls_are_renewed_by_the_renewer_thread_not_a_timer_on_thei
 
     await asyncio.gather(call("first"), call("second"))
     assert timers == [0]
-    assert set(seen) == {"first", "second"}
-    for claimed, renewed in seen.values():
-        assert renewed >= claimed + timedelta(seconds=0.5)
+    assert reach == {"first": timedelta(seconds=0.3), "second": timedelta(seconds=0.3)}
 
 
 # --- hidepid: a live owner another user cannot see --------------------------------------
@@ -345,35 +546,33 @@ def test_an_owner_hidden_by_hidepid_is_waited_for_not_taken_over(
 # --- renewals that fail, and leases that are lost ----------------------------------------
 
 
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(400):  # bounded: 20 s
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not happen within 20s")
-
-
-def test_a_renewal_that_fails_is_tried_again_at_the_next_tick(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The database is locked by another connection for a while: renewals fail (logged), the
-    tool goes on undisturbed, and the first renewal after the lock is gone moves the lease."""
+def test_a_renewal_that_fails_is_tried_again_at_the_next_tick(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, replaysafe_clock: SteppedClock
+) -> None:
+    """The database is locked by another connection when a renewal is due: it fails (logged), the tool goes on
+    undisturbed, and the renewal at the next tick, once the lock is gone, moves the lease."""
+    clock = replaysafe_clock
     ledger = SqliteLedger(tmp_path / "ledger.db", busy_timeout=0.05)
     key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
+    lease = timedelta(seconds=1.2)  # renewed every 0.4 s
 
-    @replay_safe(ledger=ledger, lease=1.2, timeout=None)
+    @replay_safe(ledger=ledger, lease=lease.total_seconds(), timeout=None)
     def long_task() -> str:
         first = ledger.get(key)
         assert first is not None
         blocker = sqlite3.connect(tmp_path / "ledger.db", isolation_level=None)
         blocker.execute("BEGIN EXCLUSIVE")  # a real lock: every other writer gets "database is locked"
         try:
-            _wait_for(lambda: "could not be renewed" in caplog.text, "a failed renewal")
+            clock.advance(0.4)  # a renewal is due, and fails
+            assert "could not be renewed" in caplog.text
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
-        _wait_for(
-            lambda: ledger.get(key).lease_expires_at > first.lease_expires_at,  # type: ignore[union-attr]
-            "a renewal after the lock was released",
-        )
+        held = ledger.get(key)
+        assert held is not None and held.lease_expires_at == first.lease_expires_at
+        clock.advance(0.4)  # the next tick
+        renewed = ledger.get(key)
+        assert renewed is not None and renewed.lease_expires_at == clock.now() + lease
         return "done"
 
     with caplog.at_level(logging.WARNING, logger="replaysafe"), tool_call(*key):
@@ -382,30 +581,30 @@ def test_a_renewal_that_fails_is_tried_again_at_the_next_tick(tmp_path: Path, ca
     assert record is not None
     assert (record.status, record.result) == (Status.COMPLETED, '"done"')
     failed = [r for r in caplog.records if "could not be renewed" in r.getMessage()]
-    assert failed and "OperationalError" in failed[0].getMessage()
+    assert len(failed) == 1 and "OperationalError" in failed[0].getMessage()
     assert key.thread_id in failed[0].getMessage()
     ledger.close()
 
 
 def test_a_lost_lease_stops_renewing_and_the_owner_learns_it_at_completion(
-    durable_ledger: Ledger, caplog: pytest.LogCaptureFixture
+    ledger: Ledger, caplog: pytest.LogCaptureFixture, replaysafe_clock: SteppedClock
 ) -> None:
-    """Another worker takes the call over while the tool runs: the renewal reports the lease
+    """Another worker takes the call over while the tool runs: the renewal due next reports the lease
     lost and changes nothing; the completion is fenced out and reported as a duplicate."""
+    clock = replaysafe_clock
     key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
     events: list[Event] = []
     unsubscribe = on_event(events.append)
+    taken_until = clock.now() + timedelta(seconds=600)
 
-    @replay_safe(ledger=durable_ledger, lease=0.6, timeout=None)
+    @replay_safe(ledger=ledger, lease=0.6, timeout=None)
     def long_task() -> str:
-        record = durable_ledger.get(key)
+        record = ledger.get(key)
         assert record is not None
-        now = datetime.now(timezone.utc)
-        taken = durable_ledger.takeover(
-            record, owner="another-host:1:1#1", now=now, lease_expires_at=now + timedelta(seconds=600)
-        )
-        assert taken is not None
-        _wait_for(lambda: "is no longer held" in caplog.text, "the renewer noticing the lost lease")
+        assert ledger.takeover(record, owner=OTHER_HOST, now=clock.now(), lease_expires_at=taken_until) is not None
+        clock.advance(0.2)  # a renewal is due: it finds the call another's
+        assert "is no longer held" in caplog.text
+        clock.advance(1.0)  # and there is no other: the lease ended
         return "done"
 
     try:
@@ -413,11 +612,15 @@ def test_a_lost_lease_stops_renewing_and_the_owner_learns_it_at_completion(
             assert long_task() == "done"
     finally:
         unsubscribe()
-    record = durable_ledger.get(key)
+    record = ledger.get(key)
     assert record is not None
-    assert (record.owner, record.status) == ("another-host:1:1#1", Status.RUNNING)
-    assert record.lease_expires_at > datetime.now(timezone.utc) + timedelta(seconds=500)  # not renewed by us
+    assert (record.owner, record.status, record.lease_expires_at) == (OTHER_HOST, Status.RUNNING, taken_until)
+    assert len([r for r in caplog.records if "is no longer held" in r.getMessage()]) == 1
     assert [e.kind for e in events if e.kind is EventKind.DUPLICATE_DETECTED] == [EventKind.DUPLICATE_DETECTED]
+
+
+# The renewer thread's own wake-ups, in real time: a stepped clock's step would wake it and hide a lease it
+# went to sleep without.
 
 
 def test_a_lease_queued_while_the_renewer_renews_another_is_renewed_when_due() -> None:
@@ -484,39 +687,52 @@ def test_a_lease_queued_while_another_caller_starts_the_renewer_is_renewed_when_
     assert renewed == ["first", "second"]
 
 
-class _SlowRenewals(MemoryLedger):
-    """A memory ledger whose renewals take 0.3 s, run off the loop (as a server ledger's are)."""
-
-    blocking_io = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.renewal_contexts: list[str | None] = []
-
-    def renew(self, *args: object, **kwargs: object) -> bool:
-        self.renewal_contexts.append(_REQUEST.get(None))
-        time.sleep(0.3)
-        return super().renew(*args, **kwargs)  # type: ignore[arg-type]
-
-
 _REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request")
 
 
-async def test_a_renewal_in_flight_when_the_tool_ends_is_not_reported_lost(caplog: pytest.LogCaptureFixture) -> None:
+class _HeldRenewals(MemoryLedger):
+    """A memory ledger whose renewals run off the loop (as a server ledger's are), each noting the context it
+    ran in; with ``held`` set, a renewal waits for ``go_on`` once it has begun (``renewing``)."""
+
+    blocking_io = True
+
+    def __init__(self, *, held: bool = False) -> None:
+        super().__init__()
+        self.renewal_contexts: list[str | None] = []
+        self.held = held
+        self.renewing, self.go_on = threading.Event(), threading.Event()
+
+    def renew(self, *args: Any, **kwargs: Any) -> bool:
+        self.renewal_contexts.append(_REQUEST.get(None))
+        self.renewing.set()
+        if self.held and not self.go_on.wait(30):
+            raise TimeoutError("the test never let the renewal go on")
+        return super().renew(*args, **kwargs)
+
+
+async def test_a_renewal_in_flight_when_the_tool_ends_is_not_reported_lost(
+    caplog: pytest.LogCaptureFixture, replaysafe_clock: SteppedClock
+) -> None:
     """A renewal still running when the tool returns finds the call completed: that is not a lost lease,
     and no warning says so."""
-    ledger = _SlowRenewals()
+    clock = replaysafe_clock
+    ledger = _HeldRenewals(held=True)
+    # The step waits for the renewal it makes due: it runs in a thread of its own, while the renewal is held.
+    stepping = threading.Thread(target=clock.advance, args=(0.1,))
 
     @replay_safe(ledger=ledger, lease=0.3, timeout=None)
     async def quick() -> str:
-        await asyncio.sleep(0.15)  # the first renewal starts at 0.1 s and ends at 0.4 s
-        return "done"
+        stepping.start()
+        assert await asyncio.to_thread(ledger.renewing.wait, 30), "no renewal came due"
+        return "done"  # while the renewal is in flight
 
     key = CallKey(f"t-{uuid.uuid4().hex[:8]}", "m", "c")
     with caplog.at_level(logging.WARNING, logger="replaysafe"):
         async with tool_call(*key):
             assert await quick() == "done"
-        await asyncio.sleep(0.5)  # the renewal in flight comes back
+        ledger.go_on.set()  # the renewal in flight comes back, to a completed call
+        await asyncio.to_thread(stepping.join, 30)
+    assert not stepping.is_alive()
     assert len(ledger.renewal_contexts) == 1
     record = ledger.get(key)
     assert record is not None and record.status is Status.COMPLETED
@@ -524,14 +740,21 @@ async def test_a_renewal_in_flight_when_the_tool_ends_is_not_reported_lost(caplo
     assert not [r for r in caplog.records if "lease" in r.getMessage() and key.thread_id in r.getMessage()]
 
 
-async def test_renewals_do_not_run_in_another_calls_context() -> None:
-    """One loop timer keeps every call's lease: its renewals run in a context of their own, never in
-    (or keeping alive) the context of the call that happened to arm the timer."""
-    ledger = _SlowRenewals()
+async def test_renewals_do_not_run_in_another_calls_context(replaysafe_clock: SteppedClock) -> None:
+    """The renewer keeps every call's lease: its renewals run in a context of their own, never in (or keeping
+    alive) the context of a call whose lease it renews."""
+    clock = replaysafe_clock
+    ledger = _HeldRenewals()
+    running: list[str] = []
+    stepped = asyncio.Event()
 
     @replay_safe(ledger=ledger, lease=0.3, timeout=None)
     async def slow(request: str) -> str:
-        await asyncio.sleep(0.5)
+        running.append(request)
+        if len(running) == 2:
+            clock.advance(0.2)  # both leases are due, and renewed
+            stepped.set()
+        await stepped.wait()
         return request
 
     async def call(request: str) -> str:
@@ -540,5 +763,4 @@ async def test_renewals_do_not_run_in_another_calls_context() -> None:
             return await slow(request)
 
     assert await asyncio.gather(call("A"), call("B")) == ["A", "B"]
-    await asyncio.sleep(0.4)
-    assert ledger.renewal_contexts and set(ledger.renewal_contexts) == {None}
+    assert ledger.renewal_contexts == [None, None]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from replaysafe import CallKey, Ledger, Status, open_ledger, replay_safe, tool_call
+from replaysafe.testing import SteppedClock
 
 CHILD = str(Path(__file__).with_name("child.py"))
 
@@ -179,13 +180,15 @@ def test_help_everywhere(command: list[str]) -> None:
 
 
 def test_purge_expired(durable_ledger_url: str) -> None:
-    """Records past their ttl are counted by --dry-run and deleted by purge --expired (Redis expires its own)."""
-    import time
+    """Records past their ttl are counted by --dry-run and deleted by purge --expired (Redis expires its own).
 
-    url = f"{durable_ledger_url}{'&' if '?' in durable_ledger_url else '?'}ttl=1"
-    with open_ledger(url) as ledger, tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", "c"):
+    The record is written on a clock started two minutes ago: with a ttl of one minute, it expired a minute
+    ago for the CLI, which reads the machine's clock. (Redis sets the key's expiry by its own clock, from
+    when it is written: the CLI only says Redis expires records itself.)"""
+    url = f"{durable_ledger_url}{'&' if '?' in durable_ledger_url else '?'}ttl=60"
+    written = SteppedClock(start=_now() - dt.timedelta(minutes=2))
+    with written, open_ledger(url) as ledger, tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", "c"):
         replay_safe(ledger=ledger, name="short_lived")(lambda: 1)()
-    time.sleep(1.2)
     dry = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired", "--dry-run")
     real = cli("ledger", "--ledger", durable_ledger_url, "purge", "--expired", "--yes")
     assert (dry.returncode, real.returncode) == (0, 0), dry.stderr + real.stderr

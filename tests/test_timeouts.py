@@ -31,21 +31,9 @@ from replaysafe import (
     tool_call,
 )
 from replaysafe._context import UNSET
+from replaysafe.testing import SteppedClock
 
 from .waiting import SeesWaiting
-
-
-class SteppedClock:
-    """A monotonic clock that moves only when a test steps it."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def new_key() -> CallKey:
@@ -223,7 +211,11 @@ async def test_a_tools_own_timeout_error_is_not_ours(memory_ledger: MemoryLedger
 
 
 def test_node_deadline_is_shared_by_its_calls(memory_ledger: MemoryLedger) -> None:
-    """Each call in a node gets min(tool_timeout, time left); past the deadline nothing runs."""
+    """Each call in a node gets min(tool_timeout, time left); past the deadline nothing runs.
+
+    Real time: a node's deadline is on the machine's monotonic clock, and the timer that interrupts
+    the second call is SIGALRM. The first call leaves most of the second left, so a slow machine
+    does not make it pass the deadline itself."""
     runs: list[str] = []
 
     @replay_safe(ledger=memory_ledger)
@@ -235,12 +227,13 @@ def test_node_deadline_is_shared_by_its_calls(memory_ledger: MemoryLedger) -> No
     thread = new_key().thread_id
     with node(node_timeout=1.0):
         with tool_call(thread, "m", "c1"):
-            assert step("first", 0.6) == "first"
-        with tool_call(thread, "m", "c2"), pytest.raises(ToolTimeoutError):
-            step("second", 5)  # only ~0.4 s are left
+            assert step("first", 0.1) == "first"
+        with tool_call(thread, "m", "c2"), pytest.raises(ToolTimeoutError) as raised:
+            step("second", 30)  # at most 0.9 s are left
         with tool_call(thread, "m", "c3"), pytest.raises(ToolTimeoutError, match="node's time ran out"):
             step("third", 0)
     assert runs == ["first", "second"]
+    assert 0 < raised.value.timeout <= 0.9
 
 
 def test_node_from_a_config_mapping(memory_ledger: MemoryLedger) -> None:
@@ -466,15 +459,13 @@ def test_none_means_no_timeout_wherever_it_is_given(memory_ledger: MemoryLedger)
 
 
 def test_passing_the_default_timeout_is_reported_late(
-    memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch
+    memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch, replaysafe_clock: SteppedClock
 ) -> None:
     """A tool past the built-in timeout is not interrupted: it returns, its result is recorded and
-    replayed, and a TIMEOUT event says it ran late. The tool takes its time on the host's
-    monotonic clock, stepped by hand: the duration reported is the one it took, exactly."""
+    replayed, and a TIMEOUT event says it ran late. The tool takes its time on the stepped clock:
+    the duration reported is the one it took, exactly."""
     monkeypatch.setattr(_constants, "TOOL_TIMEOUT", 0.2)
-    clock = SteppedClock()
-    monkeypatch.setattr(_drivers, "HOST", _drivers.HOST._replace(monotonic=clock))
-    monkeypatch.setattr(_drivers, "hosts", {})  # the hosts built from HOST, per ledger class
+    clock = replaysafe_clock
     events: list[Event] = []
     unsubscribe = on_event(events.append)
     runs: list[int] = []
@@ -507,64 +498,40 @@ def test_passing_the_default_timeout_is_reported_late(
     assert late.duration == pytest.approx(0.4)
 
 
-def test_the_default_timeout_is_kept_by_the_lease(memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch) -> None:
+#: Under the built-in timeout (0.2 s here) plus the margin (0.3 s), a lease of 0.3 s renewed every 0.1 s, read
+#: after each step of 0.1 s: renewed to 0.5 s past the start and no further. With no timeout, renewed to 0.3 s
+#: past each step, for as long as the tool runs.
+CAPPED = [dt.timedelta(seconds=0.4)] + [dt.timedelta(seconds=0.5)] * 19
+UNCAPPED = [dt.timedelta(milliseconds=100 * step + 300) for step in range(1, 21)]
+
+
+def test_the_default_timeout_is_kept_by_the_lease(
+    memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch, replaysafe_clock: SteppedClock
+) -> None:
     """Under the built-in timeout a running call's lease is renewed up to the deadline plus the
     margin, and no further: past it another host may take the call over. With no timeout it is
-    renewed for as long as the tool runs.
-
-    Proven by order, not by time: the two calls run together, and the capped one looks at its
-    lease only once the renewer has renewed the other one well past the cap (so it would have
-    renewed the capped one too); the other runs until its lease was renewed past 1.5 s.
-    """
+    renewed for as long as the tool runs. Each tool runs 2 s on the stepped clock, in steps of a
+    renewal interval; after each, how far its lease reaches past its start is read."""
     monkeypatch.setattr(_constants, "TOOL_TIMEOUT", 0.2)
     monkeypatch.setattr(_drivers, "LEASE_MARGIN", 0.3)
+    clock = replaysafe_clock
     keys = {"default": new_key(), "none": new_key()}
-    started: dict[str, dt.datetime] = {}
-    leases: dict[str, dt.datetime] = {}
-
-    def lease_of(label: str) -> dt.datetime:
-        record = memory_ledger.get(keys[label])
-        assert record is not None
-        return record.lease_expires_at
-
-    def wait_for_renewal(label: str, past: dt.datetime) -> None:
-        for _ in range(3000):  # a bound against a hang only: each renewal is 0.1 s apart
-            if lease_of(label) >= past:
-                return
-            time.sleep(0.01)
-        raise AssertionError(f"the lease of the {label!r} call was never renewed past {past}: {lease_of(label)}")
-
-    looked = threading.Event()  # the capped call has read its lease: the witness may end
+    reach: dict[str, list[dt.timedelta]] = {}
 
     def tool(label: str) -> None:
-        started[label] = dt.datetime.now(dt.timezone.utc)
-        if label == "none":  # renewed for as long as it runs: 1.5 s at least (five lease lengths)
-            wait_for_renewal("none", started["none"] + dt.timedelta(seconds=1.5))
-            assert looked.wait(60)
-        else:  # the renewer has renewed the other call 1 s past this one's cap (ten renewals)
-            wait_for_renewal("none", started["default"] + dt.timedelta(seconds=1.5))
-        leases[label] = lease_of(label)
-        if label == "default":
-            looked.set()
+        started = clock.now()
+        reach[label] = []
+        for _ in range(20):
+            clock.advance(0.1)
+            record = memory_ledger.get(keys[label])
+            assert record is not None
+            reach[label].append(record.lease_expires_at - started)
 
-    def call(label: str, timeout: Any) -> None:
+    for label, timeout in (("default", UNSET), ("none", None)):
         protected = replay_safe(ledger=memory_ledger, lease=0.3, timeout=timeout, name=label)(tool)
         with tool_call(*keys[label]):
             protected(label)
-
-    witness = threading.Thread(target=call, args=("none", None))
-    witness.start()
-    try:
-        while "none" not in started:  # the witness's lease is kept before this call starts
-            time.sleep(0.01)
-        call("default", UNSET)
-    finally:
-        looked.set()
-        witness.join(60)
-    # The default: renewed to start + 0.2 s + 0.3 s at most, long before the tool ended.
-    assert leases["default"] <= started["default"] + dt.timedelta(seconds=0.6)
-    # None: still renewed 1.5 s after it started.
-    assert leases["none"] >= started["none"] + dt.timedelta(seconds=1.5)
+    assert reach == {"default": CAPPED, "none": UNCAPPED}
 
 
 async def test_the_default_timeout_does_not_cancel_an_async_tool(
@@ -606,22 +573,33 @@ async def test_the_default_timeout_does_not_cancel_an_async_tool(
 
 
 async def test_the_default_timeout_is_kept_by_an_async_tools_lease(
-    memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch
+    memory_ledger: MemoryLedger, monkeypatch: pytest.MonkeyPatch, replaysafe_clock: SteppedClock
 ) -> None:
     """An async tool's lease shorter than the built-in timeout is renewed up to the deadline plus
-    the margin and no further, as a sync tool's is; a tool without a timeout keeps its lease renewed."""
+    the margin and no further, as a sync tool's is; a tool without a timeout keeps its lease renewed.
+    The two run together; once both have started, one steps the clock (blocking the loop: the renewer
+    thread renews both) and reads both leases after each step."""
     monkeypatch.setattr(_constants, "TOOL_TIMEOUT", 0.2)
     monkeypatch.setattr(_drivers, "LEASE_MARGIN", 0.3)
-    seen: dict[str, tuple[dt.datetime, dt.datetime]] = {}
+    clock = replaysafe_clock
+    keys = {label: new_key() for label in ("default", "none")}
+    started: dict[str, dt.datetime] = {}
+    reach: dict[str, list[dt.timedelta]] = {label: [] for label in keys}
+    stepped = asyncio.Event()
 
     async def tool(label: str) -> None:
-        started = dt.datetime.now(dt.timezone.utc)
-        await asyncio.sleep(1.5)  # the cap (0.5 s) is reached by the second renewal (0.1 s apart)
-        record = memory_ledger.get(keys[label])
-        assert record is not None
-        seen[label] = (started, record.lease_expires_at)
+        started[label] = clock.now()
+        if len(started) == 1:
+            await stepped.wait()  # the first to start waits for the other to step the clock
+            return
+        for _ in range(20):
+            clock.advance(0.1)
+            for each in keys:
+                record = memory_ledger.get(keys[each])
+                assert record is not None
+                reach[each].append(record.lease_expires_at - started[each])
+        stepped.set()
 
-    keys = {label: new_key() for label in ("default", "none")}
     capped = replay_safe(ledger=memory_ledger, lease=0.3, name="default")(tool)
     untimed = replay_safe(ledger=memory_ledger, lease=0.3, timeout=None, name="none")(tool)
 
@@ -630,11 +608,7 @@ async def test_the_default_timeout_is_kept_by_an_async_tools_lease(
             await protected(label)
 
     await asyncio.gather(call("default", capped), call("none", untimed))
-    started, lease = seen["default"]
-    # Renewed (the claim's own lease ended 0.3 s after the start), to start + 0.5 s at most.
-    assert started + dt.timedelta(seconds=0.35) <= lease <= started + dt.timedelta(seconds=0.55)
-    started, lease = seen["none"]
-    assert lease >= started + dt.timedelta(seconds=1.5)
+    assert reach == {"default": CAPPED, "none": UNCAPPED}
 
 
 def test_an_interrupt_while_the_lease_is_handed_over_leaves_no_call_current(

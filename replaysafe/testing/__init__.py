@@ -7,22 +7,27 @@
   result was replayed instead.
 - ``run_in_child()`` runs a function in a new Python process and, with ``kill_at=``,
   SIGKILLs it when it reaches ``kill_point(name)``: a crash-and-resume test in a few lines.
+- ``SteppedClock`` is a clock that moves only when the test steps it: leases run out,
+  are renewed and are taken over when ``advance()`` says, not after real sleeps.
 
 The pytest plugin (loaded automatically once replaysafe is installed) adds the fixtures
-``replaysafe_ledger`` (a fresh ``MemoryLedger`` as the default ledger for one test) and
-``replaysafe_calls`` (``record_calls()`` around one test).
+``replaysafe_ledger`` (a fresh ``MemoryLedger`` as the default ledger for one test),
+``replaysafe_calls`` (``record_calls()`` around one test) and ``replaysafe_clock`` (a
+``SteppedClock`` in use for one test).
 """
 
 from __future__ import annotations
 
 from ._calls import CallLog, record_calls
 from ._child import ChildError, ChildRun, kill_point, run_in_child
+from ._clock import SteppedClock
 from ._state import disabled, reset
 
 __all__ = [
     "CallLog",
     "ChildError",
     "ChildRun",
+    "SteppedClock",
     "disabled",
     "kill_point",
     "record_calls",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from .. import _config
+from .. import _config, _drivers
+from .._clock import MACHINE
 
 
 def reset() -> None:
@@ -13,10 +14,12 @@ def reset() -> None:
 
     The default ledger (``set_default_ledger``) is unset and the one ``REPLAYSAFE_LEDGER_URL``
     opened is closed, the global timeouts go back to their defaults, once-only warnings (per
-    tool or per process) are said again, and ``REPLAYSAFE_DISABLED`` is read again. Event handlers registered with
-    ``on_event`` stay: each is removed by the function ``on_event`` returned.
+    tool or per process) are said again, ``REPLAYSAFE_DISABLED`` is read again, and replaysafe
+    reads the machine's clocks again (a ``SteppedClock`` left in use is put aside). Event handlers
+    registered with ``on_event`` stay: each is removed by the function ``on_event`` returned.
     """
     _config.reset()
+    _drivers.use_clocks(MACHINE)
 
 
 @contextlib.contextmanager

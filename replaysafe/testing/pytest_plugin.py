@@ -1,7 +1,7 @@
 """replaysafe's pytest plugin: loaded automatically once replaysafe is installed.
 
-Fixtures: ``replaysafe_ledger`` and ``replaysafe_calls``. Nothing happens in a test that
-uses neither.
+Fixtures: ``replaysafe_ledger``, ``replaysafe_calls`` and ``replaysafe_clock``. Nothing happens
+in a test that uses none of them.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from .. import _config
 from .._config import set_default_ledger
 from ..ledgers import MemoryLedger
 from ._calls import CallLog, record_calls
+from ._clock import SteppedClock
 
 
 @pytest.fixture
@@ -38,3 +39,13 @@ def replaysafe_calls() -> Iterator[CallLog]:
     """The protected calls this test made: ``replaysafe_calls.assert_ran_once(tool)``."""
     with record_calls() as log:
         yield log
+
+
+@pytest.fixture
+def replaysafe_clock() -> Iterator[SteppedClock]:
+    """A ``SteppedClock`` replaysafe reads for this test: ``replaysafe_clock.advance(31)`` runs a lease out.
+
+    The machine's clocks are put back after the test.
+    """
+    with SteppedClock() as clock:
+        yield clock

@@ -63,6 +63,27 @@ def test_the_application_ledger_protects_the_tests_after_it():
     set_default_ledger(None)
 
 
+def test_the_clock_moves_when_the_test_steps_it(replaysafe_ledger, replaysafe_clock):
+    from datetime import timedelta
+    from replaysafe import CallKey
+
+    started = replaysafe_clock.now()
+
+    @replay_safe(lease=30, timeout=None)
+    def export():
+        replaysafe_clock.advance(600)  # the lease is renewed meanwhile
+        return replaysafe_ledger.get(CallKey("t3", "m1", "c1")).lease_expires_at
+
+    with tool_call("t3", "m1", "c1"):
+        assert export() == started + timedelta(seconds=630)
+
+
+def test_the_machines_clocks_are_back_after_it():
+    from replaysafe import _drivers
+    from replaysafe._clock import MACHINE
+    assert (_drivers.HOST.now, _drivers.HOST.monotonic) == (MACHINE.now, MACHINE.monotonic)
+
+
 def agent(url, path):
     from replaysafe import open_ledger
     @replay_safe(ledger=open_ledger(url))
@@ -98,4 +119,4 @@ def test_a_sample_project_uses_the_fixtures_without_configuration(tmp_path: Path
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "7 passed" in done.stdout
+    assert "9 passed" in done.stdout
