@@ -4,6 +4,7 @@ closed under it gives up its lease."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import uuid
 from pathlib import Path
@@ -11,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from replaysafe import SqliteLedger, current_call_or_none, replay_safe, tool_call
-from replaysafe import _drivers
+from replaysafe import SqliteLedger, _drivers, current_call_or_none, replay_safe, tool_call
 from replaysafe.http import next_request_key
 
 
@@ -56,7 +56,7 @@ def test_a_steps_reconciler_takes_none_of_its_parents_request_keys(tmp_path: Pat
         key = (f"t-{uuid.uuid4().hex[:8]}", "msg_1", "call_1")
         for attempt in (1, 2, 3):
             plan["crash_after_confirm"] = attempt == 2
-            with pytest.raises(Crash) if attempt < 3 else _nothing(), tool_call(*key):
+            with pytest.raises(Crash) if attempt < 3 else contextlib.nullcontext(), tool_call(*key):
                 assert checkout("o1") == "done"
             attempts.append(sent[:])
             sent.clear()
@@ -68,12 +68,6 @@ def test_a_steps_reconciler_takes_none_of_its_parents_request_keys(tmp_path: Pat
     assert confirms[0] == confirms[1]
     charges = {k for requests in attempts for name, k in requests if name == "charge"}
     assert len(charges) == 1 and None not in charges  # every attempt's first request: one key
-
-
-class _nothing:
-    def __enter__(self) -> None: ...
-
-    def __exit__(self, *exc: object) -> None: ...
 
 
 # Closing a loop under a pending task makes the finally blocks of its coroutines fail (no running loop, context

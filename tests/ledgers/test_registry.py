@@ -127,7 +127,7 @@ def test_a_scheme_an_installed_package_declares_opens_in_every_process(tmp_path:
     """No register_ledger call anywhere: the application (through REPLAYSAFE_LEDGER_URL) and the replaysafe
     ledger command, two other processes, both open team-store:// URLs through the package's entry point."""
     env = installed_package(
-        tmp_path / "site", '[replaysafe.ledgers]\nteam-store = replaysafe_team_store:open_team_store\n'
+        tmp_path / "site", "[replaysafe.ledgers]\nteam-store = replaysafe_team_store:open_team_store\n"
     )
     url = f"team-store://{tmp_path / 'team.db'}"
     app = run(
@@ -155,7 +155,7 @@ def test_a_scheme_an_installed_package_declares_opens_in_every_process(tmp_path:
 
 
 def test_a_declared_scheme_that_does_not_load_is_named(tmp_path: Path) -> None:
-    env = installed_package(tmp_path / "site", '[replaysafe.ledgers]\nteam-store = replaysafe_team_store:missing\n')
+    env = installed_package(tmp_path / "site", "[replaysafe.ledgers]\nteam-store = replaysafe_team_store:missing\n")
     opened = run("from replaysafe import open_ledger; open_ledger('team-store://x')", env)
     assert opened.returncode != 0
     assert "the ledger replaysafe-team-store declares for the scheme 'team-store'" in opened.stderr
