@@ -27,9 +27,16 @@ from ._events import logger
 from ._leases import Lease, Schedule, first_due, renewal_interval
 from ._operations import perform
 from ._records import CallKey
+from ._threads import ForkSafePool
 
 #: New leases queued before the renewer thread wakes to take them in (and drop ended ones).
 _MAX_INCOMING = 1024
+
+#: The renewals themselves run in these threads, not in the renewer's: a renewal that blocks (a row
+#: locked by another session, a server that stopped answering) then delays its own lease only. Made
+#: in the renewer's one thread, the next lease's renewal waited behind it, ran out, and another host
+#: took a live call over and ran it again. A lease is renewed by one of them at a time.
+_renewals = ForkSafePool(max_workers=32, thread_name_prefix="replaysafe-lease-renewal")
 
 #: The clocks renewals are timed and written by: the drivers' (``use_clocks``), the machine's by default.
 #: Module attributes, swapped once, so that a new lease reads its clock as cheaply as ``time.monotonic``.
@@ -86,6 +93,8 @@ class Renewer:
     It never holds a call's thread. Adding a lease is an append and ending one a flag
     (the protected call's hot path); the thread takes new leases in when it wakes: at
     the next renewal due, when a new lease is due sooner, or when many have queued.
+    It hands each renewal due to a renewal thread and takes the lease back in once it is
+    done, so that one slow renewal never holds up another lease's.
     """
 
     def __init__(self) -> None:
@@ -105,6 +114,8 @@ class Renewer:
         self._passes = threading.Condition()
         self._begun = 0
         self._ended = 0
+        #: Renewals handed to a renewal thread and not yet done (guarded by ``_passes``).
+        self._renewing = 0
 
     def add(self, lease: Lease | None) -> None:
         if lease is None:
@@ -134,15 +145,28 @@ class Renewer:
     def caught_up(self, timeout: float) -> bool:
         """Wake the thread and wait until it has made every renewal due by now on its clock (a stepped
         clock's step calls it); ``False`` if it has not within ``timeout`` seconds. At once when there is
-        no thread (no lease was ever kept) or when asked by the thread itself (from a renewal)."""
+        no thread (no lease was ever kept) or when asked by the thread itself, or a renewal thread."""
         thread = self._thread
-        if thread is None or thread is threading.current_thread():
+        if thread is None or thread is threading.current_thread() or getattr(_in_renewal, "active", False):
             return True
         with self._passes:
             wanted = self._begun + 1  # a pass begun from now on reads the clock as it is now
         self._wake.set()
         with self._passes:
-            return self._passes.wait_for(lambda: self._ended >= wanted, timeout)
+            return self._passes.wait_for(lambda: self._ended >= wanted and not self._renewing, timeout)
+
+    def _renew(self, lease: Lease) -> None:
+        """In a renewal thread: renew ``lease``, then hand it back to the renewer thread."""
+        _in_renewal.active = True
+        try:
+            lease.after_renewal(renew_now(lease), _monotonic())
+        finally:
+            _in_renewal.active = False
+            self._incoming.append(lease)  # taken back in (or dropped, if it ended) at the next pass
+            with self._passes:
+                self._renewing -= 1
+                self._passes.notify_all()
+            self._wake.set()
 
     def _run(self) -> None:
         schedule = Schedule()
@@ -158,10 +182,13 @@ class Renewer:
                 lease = self._incoming.popleft()
                 if lease.active:  # most calls end before their first renewal is due
                     schedule.add(lease)
-            for lease in schedule.due(_monotonic()):
-                lease.after_renewal(renew_now(lease), _monotonic())
-                if lease.active:
-                    schedule.add(lease)
+            due = schedule.due(_monotonic())
+            if due:
+                with self._passes:
+                    self._renewing += len(due)
+                pool = _renewals.get()
+                for lease in due:  # out of the schedule until its renewal is done: one at a time per lease
+                    pool.submit(self._renew, lease)
             earliest = schedule.next_due()
             timeout = None if earliest is None else max(earliest - _monotonic(), 0.0)
             if timeout and not _timed:
@@ -178,6 +205,8 @@ class Renewer:
 
 
 renewer = Renewer()
+#: Whether this thread is a renewal thread (a renewal that steps a stepped clock must not wait for itself).
+_in_renewal = threading.local()
 
 
 def use_clocks(clocks: Clocks) -> None:

@@ -764,3 +764,75 @@ async def test_renewals_do_not_run_in_another_calls_context(replaysafe_clock: St
 
     assert await asyncio.gather(call("A"), call("B")) == ["A", "B"]
     assert ledger.renewal_contexts == [None, None]
+
+
+def test_a_renewal_held_up_by_a_locked_row_holds_up_no_other_lease(postgres_url: str, postgres_server_url: str) -> None:
+    """Two calls run in one process; another session locks the first one's row, so the first's renewal waits
+    on the lock. The second's lease is renewed all the same. Renewed one after another in one thread, the
+    second waited behind the first, its lease ran out, and another host took the live call over and ran it
+    again (real time: the lock is the server's)."""
+    import psycopg
+    from psycopg import sql
+
+    from . import servers
+
+    releases = {"stuck": threading.Event(), "free": threading.Event()}
+    started: list[str] = []
+    with open_ledger(f"{postgres_url}&io_timeout=20") as ledger:
+
+        def tool(name: str) -> Callable[[], str]:
+            @replay_safe(ledger=ledger, name=name, lease=1.5, timeout=None)
+            def run() -> str:
+                started.append(name)
+                releases[name].wait(30)
+                return name
+
+            return run
+
+        thread = f"t-{uuid.uuid4().hex[:8]}"
+        keys = {name: CallKey(thread, "msg_1", name) for name in releases}
+
+        def call(name: str) -> None:
+            with tool_call(*keys[name]):
+                tool(name)()
+
+        workers = [threading.Thread(target=call, args=(name,)) for name in releases]
+        for worker in workers:
+            worker.start()
+        try:
+            _poll(lambda: len(started) == 2, "both calls to start")
+            table = sql.Identifier(ledger.table.schema, ledger.table.name)  # type: ignore[attr-defined]
+            with psycopg.connect(servers.libpq_url(postgres_server_url)) as locker:
+                locker.execute(
+                    sql.SQL(
+                        "SELECT 1 FROM {} WHERE thread_id = %s AND message_id = %s AND tool_call_id = %s FOR UPDATE"
+                    ).format(table),
+                    tuple(keys["stuck"]),
+                )
+                free = ledger.get(keys["free"])
+                assert free is not None
+                locked_at = free.lease_expires_at
+                # Two renewals of the free call (every 0.5 s) while the stuck one waits on the lock.
+                _poll(
+                    lambda: (
+                        (record := ledger.get(keys["free"])) is not None
+                        and record.lease_expires_at >= locked_at + timedelta(seconds=1)
+                    ),
+                    "the free call's lease to be renewed while the other's renewal waits on its row",
+                    seconds=4,
+                )
+                locker.rollback()
+        finally:
+            for event in releases.values():
+                event.set()
+            for worker in workers:
+                worker.join(30)
+        assert sorted(started) == ["free", "stuck"]
+
+
+def _poll(condition: Callable[[], object], what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {seconds:g}s for {what}")
+        time.sleep(0.02)
