@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from replaysafe import (
     tool_call,
 )
 
+from .installed import installed_package
 from .test_ledger_cli import _write, cli, incident
 
 __all__ = ["incident"]
@@ -99,13 +99,9 @@ class Refund:
 @pytest.fixture
 def plugin(tmp_path: Path) -> dict[str, str]:
     """The environment of a CLI that has the test adapter installed."""
-    site = tmp_path / "site"
-    info = site / "replaysafe_test_receipts-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: replaysafe-test-receipts\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(ENTRY_POINTS)
-    (site / "replaysafe_test_receipts.py").write_text(PLUGIN)
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    return installed_package(
+        tmp_path / "site", "replaysafe-test-receipts", "replaysafe_test_receipts", PLUGIN, ENTRY_POINTS
+    )
 
 
 def no_argument_digest() -> str:

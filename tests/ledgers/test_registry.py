@@ -16,6 +16,8 @@ from replaysafe import MemoryLedger, open_ledger, register_ledger, replay_safe, 
 from replaysafe import ledgers as ledgers_module
 from replaysafe.ledgers import SqliteLedger
 
+from ..installed import installed_package
+
 
 @pytest.fixture
 def registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
@@ -106,17 +108,6 @@ def open_team_store(url, **options):
 """
 
 
-def installed_package(site: Path, entry_points: str, module: str = TEAM_LEDGER) -> dict[str, str]:
-    """A distribution's metadata and module on ``PYTHONPATH``: what ``pip install`` leaves, found by the same
-    discovery (``importlib.metadata``)."""
-    info = site / "replaysafe_team_store-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: replaysafe-team-store\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(entry_points)
-    (site / "replaysafe_team_store.py").write_text(module)
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-
-
 def run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, **env}
@@ -127,7 +118,11 @@ def test_a_scheme_an_installed_package_declares_opens_in_every_process(tmp_path:
     """No register_ledger call anywhere: the application (through REPLAYSAFE_LEDGER_URL) and the replaysafe
     ledger command, two other processes, both open team-store:// URLs through the package's entry point."""
     env = installed_package(
-        tmp_path / "site", "[replaysafe.ledgers]\nteam-store = replaysafe_team_store:open_team_store\n"
+        tmp_path / "site",
+        "replaysafe-team-store",
+        "replaysafe_team_store",
+        TEAM_LEDGER,
+        "[replaysafe.ledgers]\nteam-store = replaysafe_team_store:open_team_store\n",
     )
     url = f"team-store://{tmp_path / 'team.db'}"
     app = run(
@@ -155,7 +150,13 @@ def test_a_scheme_an_installed_package_declares_opens_in_every_process(tmp_path:
 
 
 def test_a_declared_scheme_that_does_not_load_is_named(tmp_path: Path) -> None:
-    env = installed_package(tmp_path / "site", "[replaysafe.ledgers]\nteam-store = replaysafe_team_store:missing\n")
+    env = installed_package(
+        tmp_path / "site",
+        "replaysafe-team-store",
+        "replaysafe_team_store",
+        TEAM_LEDGER,
+        "[replaysafe.ledgers]\nteam-store = replaysafe_team_store:missing\n",
+    )
     opened = run("from replaysafe import open_ledger; open_ledger('team-store://x')", env)
     assert opened.returncode != 0
     assert "the ledger replaysafe-team-store declares for the scheme 'team-store'" in opened.stderr
