@@ -340,3 +340,23 @@ def test_a_tampered_rs0_record_is_refused(tmp_path: Any) -> None:
     with tool_call(thread, "msg_2", "call_2"), pytest.raises(TamperedRecordError):
         refund("1042")
     assert ran == []
+
+
+def test_a_sealed_rs0_record_is_copied_with_a_seal_of_its_new_key() -> None:
+    """On a signing ledger the rs0 record's seal checks, and its copy under the rs1 key is sealed for that key:
+    it replays now and on every later call."""
+    ledger = MemoryLedger(signing_key="k" * 32)
+    ran: list[str] = []
+    thread = new_thread()
+
+    @replay_safe(ledger=ledger, key="args")
+    def refund(order_id: str) -> str:
+        ran.append(order_id)
+        return "ran again"
+
+    digest = args_digest({"order_id": "1042"}, tool_name="refund", rs0=True)
+    write_rs0(ledger, args_key(thread, "refund", digest), "refund", digest, Status.COMPLETED, "re_1042")
+    for ids in (("msg_2", "call_2"), ("msg_3", "call_3")):
+        with tool_call(thread, *ids):
+            assert refund("1042") == "re_1042"
+    assert ran == []
