@@ -4,7 +4,6 @@ out, and without a key any sealed record tells that the ledger seals."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import subprocess
@@ -18,11 +17,12 @@ import pytest
 from replaysafe import CallKey, Ledger, Record, Status, open_ledger, replay_safe, tool_call
 from replaysafe._sealing import Sealer
 
+from .test_ledger_cli import _write, assert_replays_the_settled_result
+
 RIGHT = "a-signing-key-of-32-bytes-000000"  # the key the application signs with
 WRONG = "b-signing-key-of-32-bytes-111111"
 NEW = "c-signing-key-of-32-bytes-222222"  # a key just rotated in: nothing is sealed with it yet
 NO_KEY = {"REPLAYSAFE_SIGNING_KEY": ""}
-DEAD = "gone-host:1:1#1"  # an owner on another machine whose lease has ended: in doubt
 #: A seal anyone who can write the store can write: it checks with no key.
 FORGED = "rs-seal-1:" + "0" * 64 + ':"refunded 9"'
 OVERRIDE = "--seal-with-unchecked-key"
@@ -47,19 +47,6 @@ def cli(url: str, *args: str, keys: tuple[str, ...] = (), by: str = "env", tmp: 
         timeout=120,
         env=env,
     )
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
-def _write(ledger: Ledger, key: CallKey, status: Status, result: str | None, digest: str = "d") -> None:
-    """Write a record straight into the store through the ledger's own operations, as anyone with write access
-    to the store could (``complete`` stores the text it is given, unsealed)."""
-    now = _now()
-    ledger.claim(key, tool_name="refund_order", args_digest=digest, owner=DEAD, now=now, lease_expires_at=now)
-    if status is not Status.RUNNING:
-        assert ledger.complete(key, owner=DEAD, status=status, result=result, now=now)
 
 
 def _thread() -> str:
@@ -110,17 +97,8 @@ def show(url: str, key: CallKey, **how: Any) -> tuple[dict[str, Any], str]:
 
 def assert_replays(url: str, keys: list[str], key: CallKey) -> None:
     """The application, signing with ``keys``, replays the settled ``"re_1"`` without running the tool."""
-    runs: list[int] = []
     with open_ledger(url, signing_key=keys) as app:
-
-        @replay_safe(ledger=app, in_doubt="raise")
-        def refund_order() -> str:
-            runs.append(1)
-            return "ran again"
-
-        with tool_call(*key):
-            assert refund_order() == "re_1"
-    assert runs == []
+        assert_replays_the_settled_result(app, key)
 
 
 # --- 1. the first key signs: it must check a seal itself --------------------------------------------------
