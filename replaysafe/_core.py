@@ -107,9 +107,9 @@ class ToolSpec:
     #: What tells the tool apart in the keys it derives (``key="args"``, business keys): its
     #: ``name=``, else ``module:qualname`` (docs/keys.md).
     identity: str = ""
-    #: ``earlier(key, args, kwargs)``: the call as the earlier key rules (rs0) identified it, so that
+    #: ``earlier(key, args, kwargs, args_digest)``: the call as the earlier key rules (rs0) identified it, so that
     #: a record written under them is found and replayed, never run again; ``None``: nothing to find.
-    earlier: Callable[[CallKey, tuple[Any, ...], Mapping[str, Any]], Earlier] | None = None
+    earlier: Callable[[CallKey, tuple[Any, ...], Mapping[str, Any], str], Earlier] | None = None
     _reviver: Reviver | None = _UNRESOLVED
 
     def decode(self, text: str | None) -> Any:
@@ -578,7 +578,7 @@ def _protocol(
         if record.key != key:
             _report_moved(spec, host, key, record)
         if record.tool_name != spec.name or (
-            record.args_digest != args_digest and not _recorded_earlier(spec, record, args, kwargs)
+            record.args_digest != args_digest and not _recorded_earlier(spec, record, args, kwargs, args_digest)
         ):
             _report_mismatch(spec, host, record, args_digest)
         if (
@@ -732,10 +732,14 @@ replay = functools.partial(_protocol, True)
 Phase = Callable[..., Protocol]
 
 
-def _recorded_earlier(spec: ToolSpec, record: Record, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+def _recorded_earlier(
+    spec: ToolSpec, record: Record, args: tuple[Any, ...], kwargs: Mapping[str, Any], args_digest: str
+) -> bool:
     """Whether ``record``'s digest is this call's under the earlier rules (rs0): a record written
     before rs1 (an argument at its default, a float with an integral value) is the same call."""
-    return spec.earlier is not None and record.args_digest in spec.earlier(record.key, args, kwargs).digests
+    return (
+        spec.earlier is not None and record.args_digest in spec.earlier(record.key, args, kwargs, args_digest).digests
+    )
 
 
 def _adopt_earlier(
@@ -754,7 +758,7 @@ def _adopt_earlier(
     released and a named error says how to settle it, for running the tool would run it twice."""
     if spec.earlier is None:
         return False
-    for earlier_key in spec.earlier(key, args, kwargs).keys:
+    for earlier_key in spec.earlier(key, args, kwargs, args_digest).keys:
         if earlier_key == key:
             continue
         try:

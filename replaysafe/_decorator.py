@@ -144,11 +144,13 @@ class _Tool:
             return self._digests[method](arguments, self.spec.name)
         return self._digests[method](self._bind(method, args, kwargs), self.spec.name)
 
-    def earlier(self, key: CallKey, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Earlier:
+    def earlier(self, key: CallKey, args: tuple[Any, ...], kwargs: Mapping[str, Any], digest: str) -> Earlier:
         """The call as the earlier key rules (rs0) identified it: its argument digests (defaults
         included, numbers by type) and, for a derived key, its keys (the tool's name in place of its
-        identity). Bound both with and without a receiver, as the protocol's ``args`` do not say
-        which: a digest of the wrong binding names other parameters, and matches no record."""
+        identity). The protocol's ``args`` do not say whether a receiver was left out, so both
+        bindings are tried, and only one whose rs1 digest is the call's own (``digest``) is kept: a
+        wrong binding can digest like another call once defaults and excluded arguments are left out
+        (``pay(5)`` bound as ``tip=5`` is ``pay(0, 5)``)."""
         tried = [(0, args), (1, args)]
         if self._class_first and args and isinstance(args[0], type):
             tried.append((1, args[1:]))
@@ -161,6 +163,8 @@ class _Tool:
             bound.apply_defaults()
             arguments = {name: value for name, value in bound.arguments.items() if name not in self.exclude_args}
             try:
+                if self._digests[method](dict(bound.arguments), self.spec.name) != digest:
+                    continue  # not how this call was bound
                 digests[args_digest(arguments, tool_name=self.spec.name, rs0=True)] = dict(bound.arguments)
             except ArgumentDigestError:
                 continue

@@ -18,6 +18,7 @@ from replaysafe import (
     JsonSerializer,
     Ledger,
     MemoryLedger,
+    ReplayMismatchError,
     Status,
     TamperedRecordError,
     replay_safe,
@@ -360,3 +361,33 @@ def test_a_sealed_rs0_record_is_copied_with_a_seal_of_its_new_key() -> None:
         with tool_call(thread, *ids):
             assert refund("1042") == "re_1042"
     assert ran == []
+
+
+def test_other_arguments_under_a_recorded_key_are_a_mismatch_whatever_their_defaults(ledger: Ledger) -> None:
+    """``pay(5)`` after ``pay(0, 5)`` under one key: the record's digest (``amount=0`` left out, at its default)
+    is ``{"tip": 5}``, which ``pay(5)`` also digests to if its 5 is taken for a receiver's next argument. It is
+    another call: ``ReplayMismatchError``, nothing runs and nothing is replayed. So with an excluded first
+    argument."""
+    ran: list[tuple[Any, ...]] = []
+
+    @replay_safe(ledger=ledger)
+    def pay(amount: int = 0, tip: int = 0) -> str:
+        ran.append((amount, tip))
+        return f"paid {amount} {tip}"
+
+    @replay_safe(ledger=ledger, exclude_args=("account",))
+    def transfer(account: str, amount: int = 1) -> str:
+        ran.append((account, amount))
+        return f"moved {amount} from {account}"
+
+    key = CallKey(new_thread(), "msg_1", "call_1")
+    with tool_call(*key):
+        assert pay(0, 5) == "paid 0 5"
+    with tool_call(*key), pytest.raises(ReplayMismatchError):
+        pay(5)
+    other = CallKey(new_thread(), "msg_1", "call_1")
+    with tool_call(*other):
+        assert transfer("acct-9", 500) == "moved 500 from acct-9"
+    with tool_call(*other), pytest.raises(ReplayMismatchError):
+        transfer(500)  # type: ignore[arg-type]  # the 500 meant as the amount
+    assert ran == [(0, 5), ("acct-9", 500)]
