@@ -646,11 +646,13 @@ _identities_lock = threading.Lock()
 def _hold_identity(identity: str, function: Any, where: str) -> None:
     """Refuse a second, different tool under one identity: the two would share their records (a
     business key or ``key="args"`` would hand one tool's result to the other). The same function
-    decorated again, or the same code made anew (a factory's inner function), is the same tool."""
+    decorated again, or the same code made anew (a factory's inner function), is the same tool. The
+    code compared is the innermost one, under ``functools.wraps`` layers: every function a decorator
+    wraps runs that decorator's one wrapper code."""
     with _identities_lock:
         held = _identities.get(identity)
-        code = getattr(function, "__code__", None)
-        if held is not None and held is not function and (code is None or getattr(held, "__code__", None) is not code):
+        code = _innermost_code(function)
+        if held is not None and held is not function and (code is None or _innermost_code(held) is not code):
             raise ValueError(
                 f"{where}: two different tools have the identity {identity} ({_defined_at(held)} and "
                 f"{_defined_at(function)}), so they would share their records. Give each its own name with "
@@ -660,8 +662,14 @@ def _hold_identity(identity: str, function: Any, where: str) -> None:
             _identities[identity] = function
 
 
+def _innermost_code(function: Any) -> Any:
+    with contextlib.suppress(ValueError):  # a __wrapped__ chain that loops: compare what is there
+        function = inspect.unwrap(function)
+    return getattr(function, "__code__", None)
+
+
 def _defined_at(function: Any) -> str:
-    code = getattr(function, "__code__", None)
+    code = _innermost_code(function)
     return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else repr(function)
 
 

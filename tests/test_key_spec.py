@@ -391,3 +391,35 @@ def test_other_arguments_under_a_recorded_key_are_a_mismatch_whatever_their_defa
     with tool_call(*other), pytest.raises(ReplayMismatchError):
         transfer(500)  # type: ignore[arg-type]  # the 500 meant as the amount
     assert ran == [(0, 5), ("acct-9", 500)]
+
+
+WRAPPED_DUPLICATE = """
+import functools
+from replaysafe import replay_safe
+
+def logged(function):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        return function(*args, **kwargs)
+    return wrapper
+
+@replay_safe(key="args")
+@logged
+def refund(order_id):
+    return "first"
+
+REFUND_V1 = refund
+
+@replay_safe(key="args")
+@logged
+def refund(order_id):
+    return "second"
+"""
+
+
+def test_two_tools_under_one_wrapping_decorator_are_still_two() -> None:
+    """Both wrappers run ``logged``'s one wrapper code: the identity check compares the code they wrap."""
+    module = f"shop_{uuid.uuid4().hex[:8]}.wrapped"
+    with pytest.raises(ValueError, match="two different tools have the identity") as raised:
+        exec(compile(WRAPPED_DUPLICATE, "shop/wrapped.py", "exec"), {"__name__": module})
+    assert "shop/wrapped.py:11" in str(raised.value) and "shop/wrapped.py:18" in str(raised.value)
