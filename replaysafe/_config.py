@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ._constants import DISABLED_ENV, LEDGER_URL_ENV, UNSET, timeout_setting
 
@@ -23,6 +23,9 @@ default_tool_timeout: float | None = UNSET
 default_node_timeout: float | None = UNSET
 #: Exceptions that pause every protected call (``register_pause``).
 pauses: tuple[type[BaseException], ...] = ()
+#: The in-doubt policy of a tool decorated without one: ``"rerun"``, or what ``replaysafe crashtest
+#: --policy`` sets in the processes it runs (before the agent's tools are decorated).
+default_in_doubt: Literal["rerun", "raise"] = "rerun"
 
 
 def _disabled_by_environment() -> bool:
@@ -55,8 +58,9 @@ generation = 0
 
 @on_reset
 def _reset_settings() -> None:
-    global _default, _from_env, default_tool_timeout, default_node_timeout, disabled, generation
+    global _default, _from_env, default_tool_timeout, default_node_timeout, disabled, generation, default_in_doubt
     generation += 1
+    default_in_doubt = "rerun"
     opened, _from_env = _from_env, None
     _default = None
     default_tool_timeout = default_node_timeout = UNSET

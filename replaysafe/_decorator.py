@@ -432,7 +432,7 @@ def replay_safe(
     ledger: Ledger | None = None,
     name: str | None = None,
     timeout: float | None = UNSET,
-    in_doubt: InDoubt = "rerun",
+    in_doubt: InDoubt | None = None,
     record_errors: bool | type[BaseException] | tuple[type[BaseException], ...] = False,
     exclude_args: tuple[str, ...] | list[str] = (),
     on_missing_ids: OnMissingIds = "warn",
@@ -453,7 +453,7 @@ def replay_safe(
     ledger: Ledger | None = None,
     name: str | None = None,
     timeout: float | None = UNSET,
-    in_doubt: InDoubt = "rerun",
+    in_doubt: InDoubt | None = None,
     record_errors: bool | type[BaseException] | tuple[type[BaseException], ...] = False,
     exclude_args: tuple[str, ...] | list[str] = (),
     on_missing_ids: OnMissingIds = "warn",
@@ -473,7 +473,8 @@ def replay_safe(
     ``key`` chooses what identifies a call: ``"call"`` (the ids of ``tool_call``),
     ``"args"`` (the thread id and the arguments) or a function of the arguments giving
     a business key. ``pause_on`` names exceptions that pause the call instead of ending
-    it. See docs/semantics.md for every rule and option.
+    it. ``in_doubt`` left out is ``"rerun"`` (``replaysafe crashtest --policy`` sets it for
+    the tools of the agent it tests). See docs/semantics.md for every rule and option.
     """
     if func is None:
         return functools.partial(
@@ -529,7 +530,7 @@ def replay_safe(
         on_ledger_error=on_ledger_error,
         lease=lease,
         wait_timeout=wait_timeout,
-        in_doubt=check_in_doubt(in_doubt, where) or "rerun",
+        in_doubt=check_in_doubt(in_doubt, where) or _config.default_in_doubt,
         max_result_bytes=max_result_bytes,
         function=function,
         streaming=is_stream,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from . import _metrics
+from . import _crash_points, _metrics
 from ._calls import CALLS
 from ._core import LedgerOp, undo_for
 from ._errors import LedgerError, describe
@@ -39,7 +39,7 @@ def perform(op: LedgerOp, target: Target) -> Any:
     here, and only a failure enters the retry machinery (``_failed``).
     """
     call = CALLS[type(op)]
-    if _metrics.observers is not None:
+    if _metrics.observers is not None or _crash_points.watcher is not None:
         return _measured(op, target, call)
     try:
         return call(target.ledger, op)
@@ -49,18 +49,22 @@ def perform(op: LedgerOp, target: Target) -> Any:
 
 async def aperform(op: LedgerOp, target: Target) -> Any:
     """``perform`` on the ledger's async operations (``.aio``)."""
-    if _metrics.observers is None:
+    if _metrics.observers is None and _crash_points.watcher is None:
         return await _aperform(op, target.ledger, target.tool_name)
+    _crash_points.before(op, target.tool_name)
     start, ok = time.perf_counter(), False
     try:
         result = await _aperform(op, target.ledger, target.tool_name)
         ok = True
-        return result
     finally:
         _observed(op, target.ledger, time.perf_counter() - start, ok)
+    _crash_points.after(op, target.tool_name)
+    return result
 
 
 def _measured(op: LedgerOp, target: Target, call: Callable[[Any, Any], Any]) -> Any:
+    """``perform``'s path while someone watches: the observers time it, a crash test's child sees its points."""
+    _crash_points.before(op, target.tool_name)
     start, ok = time.perf_counter(), False
     try:
         try:
@@ -68,9 +72,10 @@ def _measured(op: LedgerOp, target: Target, call: Callable[[Any, Any], Any]) -> 
         except BaseException as exc:
             result = _failed(op, target, call, exc)
         ok = True
-        return result
     finally:
         _observed(op, target.ledger, time.perf_counter() - start, ok)
+    _crash_points.after(op, target.tool_name)
+    return result
 
 
 def interrupted(exc: BaseException) -> bool:

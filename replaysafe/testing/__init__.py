@@ -9,6 +9,9 @@
   SIGKILLs it when it reaches ``kill_point(name)``: a crash-and-resume test in a few lines.
 - ``SteppedClock`` is a clock that moves only when the test steps it: leases run out,
   are renewed and are taken over when ``advance()`` says, not after real sleeps.
+- ``crashtest()`` is ``replaysafe crashtest`` from Python: it SIGKILLs an agent at every point
+  of every tool call, resumes it and counts side effects (``CrashReport``); ``side_effect``
+  marks a function whose executions it counts.
 
 The pytest plugin (loaded automatically once replaysafe is installed) adds the fixtures
 ``replaysafe_ledger`` (a fresh ``MemoryLedger`` as the default ledger for one test),
@@ -21,16 +24,22 @@ from __future__ import annotations
 from ._calls import CallLog, record_calls
 from ._child import ChildError, ChildRun, kill_point, run_in_child
 from ._clock import SteppedClock
+from ._crashtest import CrashReport, CrashTestError, crashtest
+from ._effects import side_effect
 from ._state import disabled, reset
 
 __all__ = [
     "CallLog",
     "ChildError",
     "ChildRun",
+    "CrashReport",
+    "CrashTestError",
     "SteppedClock",
+    "crashtest",
     "disabled",
     "kill_point",
     "record_calls",
     "reset",
     "run_in_child",
+    "side_effect",
 ]

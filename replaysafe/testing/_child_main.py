@@ -33,6 +33,11 @@ def _module(name: str, file: str | None) -> ModuleType:
             if not file:
                 raise
     # A test module imported by path (pytest's importlib mode), or a script: load it the same way.
+    return load_file(name, file)
+
+
+def load_file(name: str, file: str) -> ModuleType:
+    """The Python file ``file``, run as the module ``name`` (and kept in ``sys.modules`` under it)."""
     spec = importlib.util.spec_from_file_location(name, file)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {name} from {file}")

@@ -1,0 +1,111 @@
+"""A crash-test case as the process running the entry point sees it: where it logs, where it dies.
+
+``replaysafe crashtest`` runs the entry point in child processes with these environment variables.
+Everything a child learns is appended, one JSON line at a time, to the case's log in the case's
+directory (a line written before a SIGKILL is kept: the kernel has it once ``write`` returns), and
+the parent reads the log once the child has ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from .._context import current_call_or_none
+from .._records import CallKey
+
+#: The case's directory, the same for the crashed run and its resume: the entry point keeps its state there.
+DIR_ENV = "REPLAYSAFE_CRASHTEST_DIR"
+#: Which run of the case this process is: ``discover``, ``crash`` or ``resume``.
+RUN_ENV = "REPLAYSAFE_CRASHTEST_RUN"
+#: Where the crashed run dies (JSON): ``{"key": [thread, message, call], "point": ..., "at": "start"|"effect"}``
+#: for a protected call, ``{"effect": name, "point": "after-return"}`` for an unprotected side effect.
+KILL_ENV = "REPLAYSAFE_CRASHTEST_KILL"
+#: The log's file name in the case's directory.
+LOG_NAME = ".replaysafe-crashtest.jsonl"
+
+
+def key_list(key: CallKey | None) -> list[str] | None:
+    return None if key is None else [key.thread_id, key.message_id, key.tool_call_id]
+
+
+class Case:
+    """This process's part of a case: its run's name, the kill it was asked for, the log it writes."""
+
+    def __init__(self, folder: str, run: str, kill: dict[str, Any] | None) -> None:
+        self.run = run
+        self.kill = kill
+        self._log = Path(folder) / LOG_NAME
+        self._lock = threading.Lock()
+
+    def note(self, kind: str, **fields: Any) -> None:
+        line = json.dumps({"run": self.run, "pid": os.getpid(), "kind": kind, **fields}) + "\n"
+        with self._lock, self._log.open("a", encoding="utf-8") as log:
+            log.write(line)  # one write of one line, appended: whole even when the process dies next
+
+    def die(self, **where: Any) -> None:
+        """SIGKILL this process, having logged where: no ``finally``, no ``atexit`` runs."""
+        self.note("killed", **where)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _kills_call(self, point: str, key: CallKey, at: str | None = None) -> bool:
+        kill = self.kill
+        return (
+            kill is not None
+            and kill.get("point") == point
+            and kill.get("key") == key_list(key)
+            and (at is None or kill.get("at") == at)
+        )
+
+    def point(self, point: str, key: CallKey, tool_name: str) -> None:
+        """A call reached ``point`` (``replaysafe._crash_points``): logged, and the process dies if asked."""
+        parent = current_call_or_none() if point == "before" else None
+        self.note("point", point=point, key=key_list(key), tool=tool_name, parent=key_list(parent and parent.key))
+        if self._kills_call(point, key):
+            self.die(point=point, key=key_list(key), tool=tool_name)
+
+    def started(self, key: CallKey, tool_name: str) -> None:
+        """A call's body starts: its ``inside`` point when the call makes no marked side effect."""
+        if self._kills_call("inside", key, at="start"):
+            self.die(point="inside", key=key_list(key), tool=tool_name)
+
+    def effect(self, name: str) -> None:
+        """A marked side effect ran (``side_effect``); it dies here if this is where it was asked to."""
+        call = current_call_or_none()
+        chain: list[list[str] | None] = []
+        while call is not None:
+            chain.append(key_list(call.key))
+            call = call.parent
+        self.note("effect", name=name, calls=chain)
+        kill = self.kill
+        if kill is None:
+            return
+        if kill.get("effect") == name and not chain:
+            self.die(point="after-return", effect=name)
+        elif kill.get("point") == "inside" and kill.get("at") == "effect" and kill.get("key") in chain:
+            self.die(point="inside", key=kill["key"], effect=name)
+
+
+_case: Case | None = None
+_loaded = False
+_load_lock = threading.Lock()
+
+
+def current() -> Case | None:
+    """The case this process runs in, or ``None`` outside ``replaysafe crashtest`` (read once)."""
+    global _case, _loaded
+    if _loaded:
+        return _case
+    with _load_lock:
+        if not _loaded:
+            folder = os.environ.get(DIR_ENV)
+            run = os.environ.get(RUN_ENV)
+            if folder and run:
+                kill = os.environ.get(KILL_ENV)
+                _case = Case(folder, run, json.loads(kill) if kill else None)
+            _loaded = True
+    return _case

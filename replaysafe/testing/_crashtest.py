@@ -1,0 +1,610 @@
+"""``replaysafe crashtest``: kill an agent at every point of every side effect, resume it, count.
+
+The entry point runs once to learn its calls (``discover``). Then each case (a call and a point
+of it, or an unprotected side effect) gets a fresh directory, a run SIGKILLed at that point
+(``crash``) and a run that resumes from what the first one left (``resume``). The case's log
+(``_case``) says how often each call's body started and each marked effect ran; the verdict
+compares that with what the promise allows.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+import xml.etree.ElementTree as ET
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from .._constants import LEDGER_URL_ENV
+from .._crash_points import AFTER_RECORD, AFTER_RETURN, INSIDE, POINTS
+from . import _case
+
+Policy = Literal["rerun", "raise"]
+
+#: Exit codes.
+HOLDS, BROKEN, UNTESTABLE = 0, 1, 2
+
+#: Verdicts of a case. ``holds``: every call ran at most once, or twice where it was in doubt and the
+#: policy settled it; ``duplicate``: something ran more often than promised; the others: not tested.
+HELD, IN_DOUBT, DUPLICATE, UNPROTECTED, RECORD_IGNORED, NOT_REACHED, HUNG, RESUME_FAILED = (
+    "holds",
+    "in doubt, settled by policy",
+    "DUPLICATE",
+    "UNPROTECTED",
+    "RECORD IGNORED",
+    "not reached",
+    "hung",
+    "resume failed",
+)
+_BROKEN = {DUPLICATE, UNPROTECTED, RECORD_IGNORED}
+_UNTESTED = {NOT_REACHED, HUNG, RESUME_FAILED}
+
+_CHILD = "replaysafe.testing._crashtest_child"
+
+
+class CrashTestError(Exception):
+    """The command could not test (exit code 2): a bad entry point, no tool call, an unusable ledger."""
+
+
+Key = tuple[str, str, str]
+
+
+def _key(value: Sequence[str] | None) -> Key | None:
+    return None if value is None else (value[0], value[1], value[2])
+
+
+def _ids(key: Key) -> str:
+    return " / ".join(key)
+
+
+@dataclasses.dataclass
+class Call:
+    """A protected call the entry point makes, as the first run saw it."""
+
+    index: int
+    key: Key
+    tool: str
+    parent: Key | None
+    #: The points the call reached in the first run.
+    points: list[str]
+    #: Whether a marked side effect ran inside it (its ``inside`` point is then right after the first).
+    marks_effects: bool
+
+    def label(self) -> str:
+        step = f", a step of {_ids(self.parent)}" if self.parent else ""
+        return f"{self.tool} ({_ids(self.key)}{step})"
+
+
+@dataclasses.dataclass
+class CaseResult:
+    """One case: where the crashed run died, what the two runs did, and the verdict."""
+
+    case: str
+    tool: str
+    call: Key | None
+    point: str
+    ran: int
+    expected: str
+    verdict: str
+    details: list[str]
+    reproduce: str
+    folder: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def broken(self) -> bool:
+        return self.verdict in _BROKEN
+
+    @property
+    def untested(self) -> bool:
+        return self.verdict in _UNTESTED
+
+
+@dataclasses.dataclass
+class CrashReport:
+    """What ``crashtest`` found: the calls the entry point makes, and each case's verdict."""
+
+    entry: str
+    ledger: str | None
+    policy: Policy | None
+    calls: list[Call]
+    effects: dict[str, int]
+    cases: list[CaseResult]
+    seconds: float
+    #: Seconds each run of a case may take.
+    timeout: float
+
+    @property
+    def exit_code(self) -> int:
+        if any(case.broken for case in self.cases):
+            return BROKEN
+        if any(case.untested for case in self.cases):
+            return UNTESTABLE
+        return HOLDS
+
+    @property
+    def holds(self) -> bool:
+        return self.exit_code == HOLDS
+
+    def table(self) -> str:
+        rows = [["CASE", "CALL", "POINT", "RAN", "EXPECTED", "VERDICT"]]
+        rows += [[c.case, c.tool, c.point, str(c.ran), c.expected, c.verdict] for c in self.cases]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+        for case in self.cases:
+            if case.broken or case.untested:
+                lines.append("")
+                lines.append(f"case {case.case}: {case.verdict}: {case.tool} at {case.point}")
+                lines += [f"  {detail}" for detail in case.details]
+                if case.folder:
+                    lines.append(f"  its directory, kept: {case.folder}")
+                lines.append(f"  reproduce it alone: {case.reproduce}")
+        broken = sum(case.broken for case in self.cases)
+        untested = sum(case.untested for case in self.cases)
+        lines.append("")
+        lines.append(
+            f"{len(self.cases)} case(s) over {len(self.calls)} protected call(s) and {len(self.effects)} unprotected "
+            f"side effect(s), in {self.seconds:.1f} s: {len(self.cases) - broken - untested} held, {broken} broke "
+            f"the promise, {untested} could not be tested"
+        )
+        return "\n".join(lines)
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "entry": self.entry,
+            "ledger": self.ledger,
+            "policy": self.policy,
+            "exit_code": self.exit_code,
+            "calls": [
+                {"index": c.index, "tool": c.tool, "key": list(c.key), "parent": c.parent and list(c.parent)}
+                | {"points": c.points}
+                for c in self.calls
+            ],
+            "unprotected_effects": self.effects,
+            "cases": [
+                {
+                    "case": c.case,
+                    "tool": c.tool,
+                    "key": c.call and list(c.call),
+                    "point": c.point,
+                    "ran": c.ran,
+                    "expected": c.expected,
+                    "verdict": c.verdict,
+                    "details": c.details,
+                    "reproduce": c.reproduce,
+                    "seconds": round(c.seconds, 3),
+                }
+                for c in self.cases
+            ],
+        }
+
+    def junit(self) -> str:
+        """One JUnit test case per case: a failure where the promise broke, an error where it was not tested."""
+        suite = ET.Element(
+            "testsuite",
+            name="replaysafe crashtest",
+            tests=str(len(self.cases)),
+            failures=str(sum(c.broken for c in self.cases)),
+            errors=str(sum(c.untested for c in self.cases)),
+            skipped="0",
+            time=f"{self.seconds:.3f}",
+        )
+        for case in self.cases:
+            element = ET.SubElement(
+                suite,
+                "testcase",
+                classname=f"crashtest.{case.tool}",
+                name=f"{case.case} {case.point}" + (f" {_ids(case.call)}" if case.call else ""),
+                time=f"{case.seconds:.3f}",
+            )
+            if case.broken or case.untested:
+                tag = "failure" if case.broken else "error"
+                child = ET.SubElement(element, tag, message=f"{case.verdict}: {case.tool} at {case.point}")
+                child.text = "\n".join([*case.details, f"reproduce: {case.reproduce}"])
+        root = ET.Element("testsuites")
+        root.append(suite)
+        ET.indent(root)
+        return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+@dataclasses.dataclass
+class _Run:
+    """One child process's run: its log lines and how it ended."""
+
+    lines: list[dict[str, Any]]
+    returncode: int | None  # None: it passed the timeout and was killed
+    output: str
+
+    @property
+    def outcome(self) -> dict[str, Any] | None:
+        return next((line for line in reversed(self.lines) if line["kind"] == "outcome"), None)
+
+    @property
+    def killed(self) -> dict[str, Any] | None:
+        return next((line for line in self.lines if line["kind"] == "killed"), None)
+
+    def failure(self) -> str:
+        """Why the run failed, in a line (the entry point's error, or how the process ended)."""
+        outcome = self.outcome
+        if self.returncode is None:
+            return "it did not finish in time"
+        if outcome is None:
+            return f"it ended with exit code {self.returncode} before the entry point returned"
+        if not outcome.get("found", True):
+            return f"the entry point could not be loaded: {outcome['error']}"
+        if outcome["ok"]:
+            return "the entry point returned"
+        return f"the entry point raised {outcome['error_type']}"
+
+
+class _Runner:
+    """Runs the entry point in child processes, one case's directory at a time."""
+
+    def __init__(
+        self,
+        entry: str,
+        ledger: str | None,
+        policy: Policy | None,
+        effects: Sequence[str],
+        timeout: float,
+        cwd: Path,
+    ) -> None:
+        self.entry, self.ledger, self.policy, self.effects = entry, ledger, policy, list(effects)
+        self.timeout, self.cwd = timeout, cwd
+        self.namespace = f"rs_crashtest_{uuid.uuid4().hex[:8]}"
+        self._opened: list[str] = []
+        self._lock = threading.Lock()
+
+    def ledger_url(self, folder: Path, case: str) -> str:
+        """The case's own ledger: a SQLite file in its directory, or a table or prefix of its own on a server."""
+        if self.ledger is None or self.ledger.startswith("sqlite:"):
+            return f"sqlite:///{folder / 'ledger.db'}"
+        parts = urllib.parse.urlsplit(self.ledger)
+        option = {"postgresql": "table", "redis": "prefix"}.get(parts.scheme.partition("+")[0])
+        if option is None:
+            url = self.ledger  # a registered ledger: the entry point keeps its cases apart
+        else:
+            query = dict(urllib.parse.parse_qsl(parts.query))
+            case_name = f"{self.namespace}_{case.replace('@', '_').replace('-', '_')}"
+            given = query.get(option, "")  # kept as the start of the case's own: a prefix stays a prefix
+            query[option] = f"{given}{case_name}:" if option == "prefix" else f"{given}{case_name}"
+            url = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+        with self._lock:
+            self._opened.append(url)
+        return url
+
+    def run(self, folder: Path, run: str, ledger_url: str, kill: dict[str, Any] | None = None) -> _Run:
+        env = {**os.environ, _case.DIR_ENV: str(folder), _case.RUN_ENV: run, LEDGER_URL_ENV: ledger_url}
+        env.pop(_case.KILL_ENV, None)
+        if kill is not None:
+            env[_case.KILL_ENV] = json.dumps(kill)
+        output = folder / f".replaysafe-crashtest-{run}.out"
+        command = [sys.executable, "-m", _CHILD, self.entry, self.policy or "-", *self.effects]
+        with output.open("wb") as sink:
+            child = subprocess.Popen(
+                command, cwd=self.cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                code: int | None = child.wait(self.timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)  # it and anything it started
+                child.wait()
+                code = None
+        log = folder / _case.LOG_NAME
+        lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
+        return _Run([line for line in lines if line["run"] == run], code, output.read_text(errors="replace"))
+
+    def clean(self) -> None:
+        """Remove what the cases wrote on a server ledger (their records; a table stays, empty)."""
+        from ..ledgers import open_ledger
+
+        for url in self._opened:
+            if url.startswith("sqlite:"):
+                continue
+            try:
+                with open_ledger(url) as ledger:
+                    for record in list(ledger.records()):
+                        ledger.delete(record.key)
+            except Exception:
+                print(f"replaysafe crashtest: could not remove the records of {url}", file=sys.stderr)
+
+
+def _calls(lines: Iterable[dict[str, Any]]) -> tuple[list[Call], dict[str, int]]:
+    """The protected calls a run made, in the order they were claimed, and its unprotected effects."""
+    calls: dict[Key, Call] = {}
+    unprotected: Counter[str] = Counter()
+    for line in lines:
+        kind = line["kind"]
+        key = _key(line.get("key"))
+        if kind == "point" and key is not None:
+            call = calls.get(key)
+            if call is None:
+                call = calls[key] = Call(len(calls) + 1, key, line["tool"], _key(line.get("parent")), [], False)
+            if line["point"] not in call.points:
+                call.points.append(line["point"])
+        elif kind == "event" and line["event"] == "started" and key in calls:
+            if INSIDE not in calls[key].points:
+                calls[key].points.append(INSIDE)
+        elif kind == "event" and line["event"] == "unprotected":
+            unprotected[f"{line['tool']} (a protected tool run without ids or ledger)"] += 1
+        elif kind == "effect":
+            chain = [_key(k) for k in line["calls"]]
+            if not chain:
+                unprotected[line["name"]] += 1
+            for key_in in chain:
+                if key_in in calls:
+                    calls[key_in].marks_effects = True
+    for call in calls.values():
+        call.points.sort(key=POINTS.index)
+    return list(calls.values()), dict(unprotected)
+
+
+def _verdict(
+    target: Call | None, effect: str | None, point: str, crashed: _Run, resumed: _Run, report: CrashReport
+) -> tuple[int, str, str, list[str]]:
+    """What the two runs of a case did against what the promise allows: (ran, expected, verdict, details)."""
+    lines = crashed.lines + resumed.lines
+    starts: Counter[Key] = Counter()
+    tools: dict[Key, str] = {}
+    in_doubt: set[Key] = set()
+    for line in lines:
+        key = _key(line.get("key"))
+        if line["kind"] == "event" and key is not None:
+            tools[key] = line["tool"]
+            if line["event"] == "started":
+                starts[key] += 1
+            elif line["event"] == "in_doubt" and line["run"] == "resume":
+                in_doubt.add(key)
+    # In doubt by right: a call whose body had started in the crashed run and whose outcome was not written.
+    started_then = {
+        _key(line["key"]) for line in crashed.lines if line["kind"] == "event" and line["event"] == "started"
+    }
+    recorded_then = {
+        _key(line["key"]) for line in crashed.lines if line["kind"] == "point" and line["point"] == AFTER_RECORD
+    }
+    open_at_kill = started_then - recorded_then
+    details: list[str] = []
+    verdict = HELD
+    for key, count in sorted(starts.items(), key=lambda item: item[0]):
+        if count <= 1:
+            continue
+        tool = tools.get(key, "?")
+        if count == 2 and key in open_at_kill and key in in_doubt:
+            details.append(f"{tool} ({_ids(key)}) was in doubt and ran again under its policy (rerun)")
+            verdict = IN_DOUBT if verdict == HELD else verdict
+            continue
+        verdict = DUPLICATE
+        why = "its outcome was written before the crash" if key not in open_at_kill else "without an in_doubt event"
+        details.append(f"{tool} ({_ids(key)}) ran {count} times: {why}")
+    for key in sorted(in_doubt - open_at_kill):
+        verdict = DUPLICATE if verdict == DUPLICATE else RECORD_IGNORED
+        details.append(f"{tools.get(key, '?')} ({_ids(key)}) was reported in doubt, though its outcome was written")
+    discovered = report.effects
+    ran_effects: Counter[str] = Counter()
+    for line in lines:
+        if line["kind"] == "effect" and not line["calls"]:
+            ran_effects[line["name"]] += 1
+        elif line["kind"] == "event" and line["event"] == "unprotected":
+            ran_effects[f"{line['tool']} (a protected tool run without ids or ledger)"] += 1
+    for name, count in sorted(ran_effects.items()):
+        if count > discovered.get(name, 0):
+            verdict = DUPLICATE if verdict == DUPLICATE else UNPROTECTED
+            details.append(
+                f"ran {count} times, where the run that was not killed ran it {discovered.get(name, 0)}: `{name}` "
+                "is not protected (decorate it with @replay_safe, or make it a step of a protected tool)"
+            )
+    outcome = resumed.outcome
+    if resumed.returncode is None:
+        return 0, "", HUNG, [f"hung after resume: it did not finish within {report.timeout:g} s"]
+    if outcome is None or not outcome["ok"]:
+        error = (outcome or {}).get("error_type", "")
+        settled = error.endswith(".CallInDoubtError") and in_doubt and in_doubt <= open_at_kill
+        if settled:
+            details.append(f"the resume raised CallInDoubtError for {_ids(sorted(in_doubt)[0])} (policy raise)")
+            verdict = IN_DOUBT if verdict == HELD else verdict
+        elif verdict not in _BROKEN:
+            verdict = RESUME_FAILED
+            details.append(f"the resume failed: {resumed.failure()}")
+            details += _tail(resumed)
+    if target is not None:
+        ran = starts.get(target.key, 0)
+        allowed_twice = point in (INSIDE, AFTER_RETURN) or target.key in open_at_kill
+        expected = "1, or 2 if in doubt" if allowed_twice else "1"
+    else:
+        ran = ran_effects.get(effect or "", 0)
+        expected = str(discovered.get(effect or "", 0))
+    return ran, expected, verdict, details
+
+
+def _tail(run: _Run, lines: int = 12) -> list[str]:
+    outcome = run.outcome or {}
+    text = outcome.get("traceback") or run.output
+    return [f"| {line}" for line in text.rstrip().splitlines()[-lines:]]
+
+
+def crashtest(
+    entry: str,
+    *,
+    ledger: str | None = None,
+    points: Sequence[str] = POINTS,
+    policy: Policy | None = None,
+    jobs: int = 1,
+    timeout: float = 60.0,
+    effects: Sequence[str] = (),
+    case: str | None = None,
+    keep: bool = False,
+    cwd: str | Path | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> CrashReport:
+    """Crash-test the agent ``entry`` (``path/to/file.py:function`` or ``package.module:function``).
+
+    See ``docs/crashtest.md``. Raises ``CrashTestError`` when it cannot test (exit code 2).
+    ``case`` (``"N@point"``, or ``"effect@after-return"``) runs that one case alone and keeps its
+    directory; ``keep`` keeps every case's directory.
+    """
+    started = time.monotonic()
+    unknown = sorted(set(points) - set(POINTS))
+    if unknown:
+        raise CrashTestError(f"unknown kill point(s) {', '.join(unknown)}: choose from {', '.join(POINTS)}")
+    if policy not in (None, "rerun", "raise"):
+        raise CrashTestError(f"--policy must be rerun or raise, got {policy!r}")
+    if jobs < 1 or timeout <= 0:
+        raise CrashTestError("--jobs must be 1 or more and --timeout more than 0 seconds")
+    if ledger is not None:
+        _check_ledger(ledger)
+    base = Path(tempfile.mkdtemp(prefix="replaysafe-crashtest-"))
+    runner = _Runner(entry, ledger, policy, effects, timeout, Path(cwd or Path.cwd()))
+    try:
+        first = base / "discover"
+        first.mkdir()
+        discovery = runner.run(first, "discover", runner.ledger_url(first, "discover"))
+        _check_discovery(entry, discovery)
+        calls, unprotected = _calls(discovery.lines)
+        if not calls and not unprotected:
+            raise CrashTestError(
+                f"{entry} made no protected tool call and ran no marked side effect, so there is nothing to "
+                "crash-test. Check that its tools are decorated with @replay_safe (or wrapped by an adapter) and "
+                "called with ids, and mark other side effects with @replaysafe.testing.side_effect."
+            )
+        report = CrashReport(entry, ledger, policy, calls, unprotected, [], 0.0, timeout)
+        planned = _plan(calls, unprotected, points)
+        if case is not None:
+            planned = [item for item in planned if item[0] == case]
+            if not planned:
+                names = ", ".join(item[0] for item in _plan(calls, unprotected, points))
+                raise CrashTestError(f"no case {case!r} in this agent; its cases: {names}")
+            keep = True
+        done: list[CaseResult] = []
+        total = len(planned)
+
+        def one(item: tuple[str, Call | None, str | None, str]) -> CaseResult:
+            return _run_case(runner, report, base, item, keep)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            for result in pool.map(one, planned):
+                done.append(result)
+                if progress is not None:
+                    progress(len(done), total, sum(c.broken for c in done))
+        report.cases = done
+        report.seconds = time.monotonic() - started
+        return report
+    finally:
+        runner.clean()
+        shutil.rmtree(base / "discover", ignore_errors=True)
+        if not keep and not any(base.iterdir()):
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _check_ledger(url: str) -> None:
+    from ..ledgers import open_ledger
+
+    try:
+        with open_ledger(url) as opened:
+            opened.get(_case_probe_key())
+    except Exception as exc:
+        raise CrashTestError(f"the ledger {_redacted(url)} cannot be used: {type(exc).__name__}: {exc}") from None
+
+
+def _case_probe_key() -> Any:
+    from .._records import CallKey
+
+    return CallKey("replaysafe-crashtest", "probe", "probe")
+
+
+def _redacted(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password:
+        parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
+    return urllib.parse.urlunsplit(parts)
+
+
+def _check_discovery(entry: str, run: _Run) -> None:
+    outcome = run.outcome
+    if run.returncode is None:
+        raise CrashTestError(f"{entry} did not finish its first run (not killed) within the timeout")
+    if outcome is not None and not outcome.get("found", True):
+        raise CrashTestError(f"cannot load {entry}: {outcome['error']}")
+    if outcome is None or not outcome["ok"]:
+        made = any(line["kind"] in ("point", "effect") for line in run.lines)
+        when = "after its first tool call" if made else "before any tool call"
+        tail = "\n".join(_tail(run))
+        raise CrashTestError(f"{entry} failed {when} in its first run (not killed): {run.failure()}\n{tail}")
+
+
+def _plan(
+    calls: list[Call], unprotected: dict[str, int], points: Sequence[str]
+) -> list[tuple[str, Call | None, str | None, str]]:
+    """Every case: each call at each asked point it reached, then each unprotected effect after it ran."""
+    planned: list[tuple[str, Call | None, str | None, str]] = []
+    for call in calls:
+        for point in POINTS:
+            if point in points and point in call.points:
+                planned.append((f"{call.index}@{point}", call, None, point))
+    for name in unprotected:  # whatever the points: finding what nobody protected is half the command's use
+        if " (a protected tool" not in name:
+            planned.append((f"{name}@{AFTER_RETURN}", None, name, AFTER_RETURN))
+    return planned
+
+
+def _run_case(
+    runner: _Runner, report: CrashReport, base: Path, item: tuple[str, Call | None, str | None, str], keep: bool
+) -> CaseResult:
+    name, call, effect, point = item
+    folder = base / name.replace(":", "_").replace("/", "_")
+    folder.mkdir()
+    started = time.monotonic()
+    url = runner.ledger_url(folder, name)
+    if call is not None:
+        kill: dict[str, Any] = {"key": list(call.key), "point": point}
+        if point == INSIDE:
+            kill["at"] = "effect" if call.marks_effects else "start"
+        where = call.label()
+    else:
+        kill = {"effect": effect, "point": AFTER_RETURN}
+        where = f"the unprotected side effect {effect}"
+    reproduce = _reproduce(runner, name)
+    crashed = runner.run(folder, "crash", url, kill)
+    tool = call.tool if call is not None else str(effect)
+    key = call.key if call is not None else None
+    if crashed.killed is None:
+        why = "it did not finish in time" if crashed.returncode is None else f"it ended ({crashed.failure()}) first"
+        details = [
+            f"the run to be killed never reached {point} of {where}: {why}. An agent that makes other calls "
+            "(other ids) on each run cannot be crash-tested: give its model fixed ids (a scripted model)."
+        ]
+        result = CaseResult(name, tool, key, point, 0, "", NOT_REACHED, details + _tail(crashed), reproduce)
+    else:
+        resumed = runner.run(folder, "resume", url)
+        ran, expected, verdict, details = _verdict(call, effect, point, crashed, resumed, report)
+        result = CaseResult(name, tool, key, point, ran, expected, verdict, details, reproduce)
+    result.seconds = time.monotonic() - started
+    if keep or result.broken or result.untested:
+        result.folder = str(folder)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+def _reproduce(runner: _Runner, case: str) -> str:
+    words = ["replaysafe", "crashtest", runner.entry, "--case", case]
+    if runner.ledger:
+        words += ["--ledger", _redacted(runner.ledger)]
+    if runner.policy:
+        words += ["--policy", runner.policy]
+    for effect in runner.effects:
+        words += ["--effects", effect]
+    return shlex.join(words)

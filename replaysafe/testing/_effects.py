@@ -1,0 +1,61 @@
+"""``side_effect``: mark a function whose every execution ``replaysafe crashtest`` counts."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from . import _case
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The module name a crash test's child gives the entry point's file (``_crashtest_child``).
+ENTRY_MODULE = "__replaysafe_crashtest_entry__"
+
+
+def _module_name(function: Callable[..., Any]) -> str:
+    """Where ``function`` is defined, as the report names it: the entry point's file by its file name."""
+    module = getattr(function, "__module__", None) or "?"
+    if module == ENTRY_MODULE:
+        return os.path.basename(getattr(sys.modules.get(module), "__file__", None) or module)
+    return module
+
+
+def side_effect(function: F, /) -> F:
+    """Count each execution of ``function`` (a side effect that is not a protected tool) in a crash test.
+
+    Under ``replaysafe crashtest`` each execution (returned or raised) is counted across the crashed run and its resume,
+    in the case's directory: an effect that runs again after a crash and a resume is reported,
+    named, as one that ran more often than once ("`send_sms` is not protected"). Inside a protected
+    tool, the crash test also kills the process right after the tool's first marked effect (its
+    ``inside`` point), which is where a crash leaves the call in doubt. Outside a crash test it
+    calls ``function`` and nothing else. Sync and async functions both work.
+    """
+    name = f"{_module_name(function)}:{function.__qualname__}"
+    if inspect.iscoroutinefunction(function):
+
+        @functools.wraps(function)
+        async def counted_async(*args: Any, **kwargs: Any) -> Any:
+            case = _case.current()
+            try:
+                return await function(*args, **kwargs)
+            finally:
+                if case is not None:
+                    case.effect(name)
+
+        return counted_async  # type: ignore[return-value]
+
+    @functools.wraps(function)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        case = _case.current()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if case is not None:
+                case.effect(name)  # counted whether it returned or raised: it may have taken effect
+
+    return counted  # type: ignore[return-value]

@@ -1,0 +1,167 @@
+"""``replaysafe crashtest`` on small agents (tests/crashtest_agents.py), with real SIGKILLs and resumes.
+
+Every case runs the agent in a child process that is SIGKILLed at its point, then resumes it in
+another: the verdicts below are what those processes did, counted from their logs.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from replaysafe._cli import main
+from replaysafe.testing import CrashReport, CrashTestError, crashtest
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENTS = "tests/crashtest_agents.py"
+
+pytestmark = pytest.mark.slow
+
+
+def run(agent: str, **options: object) -> CrashReport:
+    return crashtest(f"{AGENTS}:{agent}", cwd=ROOT, jobs=2, **options)  # type: ignore[arg-type]
+
+
+def verdicts(report: CrashReport) -> dict[str, tuple[int, str]]:
+    return {case.case: (case.ran, case.verdict) for case in report.cases}
+
+
+def test_a_protected_agent_holds_at_every_point() -> None:
+    """Each refund: killed before its claim or after its record it ran once; killed inside or before its
+    record it was in doubt and ran again under the default policy (rerun), and the report says so."""
+    report = run("protected")
+    assert [(call.index, call.tool, call.key) for call in report.calls] == [
+        (1, "refund_order", ("thread-1", "msg_0", "call_1")),
+        (2, "refund_order", ("thread-1", "msg_1", "call_1")),
+    ]
+    assert verdicts(report) == {
+        "1@before": (1, "holds"),
+        "1@inside": (2, "in doubt, settled by policy"),
+        "1@after-return": (2, "in doubt, settled by policy"),
+        "1@after-record": (1, "holds"),
+        "2@before": (1, "holds"),
+        "2@inside": (2, "in doubt, settled by policy"),
+        "2@after-return": (2, "in doubt, settled by policy"),
+        "2@after-record": (1, "holds"),
+    }
+    assert report.exit_code == 0 and report.holds
+
+
+def test_under_the_raise_policy_an_in_doubt_call_does_not_run_again() -> None:
+    report = run("protected", points=["inside", "after-record"], policy="raise")
+    assert verdicts(report) == {
+        "1@inside": (1, "in doubt, settled by policy"),
+        "1@after-record": (1, "holds"),
+        "2@inside": (1, "in doubt, settled by policy"),
+        "2@after-record": (1, "holds"),
+    }
+    assert any("raised CallInDoubtError" in detail for detail in report.cases[0].details)
+    assert report.exit_code == 0
+
+
+def test_an_unprotected_side_effect_is_named_with_the_command_that_reproduces_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    report = run("with_an_sms", points=["after-record"])
+    sms = "crashtest_agents.py:send_sms"
+    assert verdicts(report) == {
+        # Killed after a refund's record, before its SMS: the refund replays, the SMS is sent once.
+        "1@after-record": (1, "holds"),
+        "2@after-record": (1, "holds"),
+        # Killed after the first SMS: the resume sends it again (3 where one run sends 2).
+        f"{sms}@after-return": (3, "UNPROTECTED"),
+    }
+    assert report.exit_code == 1
+    case = report.cases[-1]
+    assert f"ran 3 times, where the run that was not killed ran it 2: `{sms}` is not protected" in case.details[0]
+    assert case.reproduce == f"replaysafe crashtest {AGENTS}:with_an_sms --case {sms}@after-return"
+    table = report.table()
+    assert f"reproduce it alone: {case.reproduce}" in table and "2 held, 1 broke the promise" in table
+
+    # The command it prints, run alone, finds the same.
+    alone = crashtest(f"{AGENTS}:with_an_sms", cwd=ROOT, case=f"{sms}@after-return")
+    assert verdicts(alone) == {f"{sms}@after-return": (3, "UNPROTECTED")}
+    assert alone.cases[0].folder is not None and Path(alone.cases[0].folder).is_dir()  # kept, to look into
+
+
+def test_the_same_agent_without_replaysafe_refunds_twice() -> None:
+    """The control: the refund left plain is an unprotected side effect, run again by every resume."""
+    report = run("without_replaysafe")
+    bank = "crashtest_agents.py:bank_refund"
+    assert report.calls == []
+    assert verdicts(report) == {f"{bank}@after-return": (3, "UNPROTECTED")}
+    assert report.exit_code == 1
+
+
+def test_a_ledger_that_does_not_survive_the_crash_is_a_duplicate() -> None:
+    """A MemoryLedger loses the record with the process: the call whose record was written runs again."""
+    report = run("forgetful_ledger", points=["after-record"])
+    assert verdicts(report) == {"1@after-record": (2, "DUPLICATE"), "2@after-record": (2, "DUPLICATE")}
+    assert "refund_order (thread-1 / msg_0 / call_1) ran 2 times: its outcome was written before the crash" in (
+        report.cases[0].details
+    )
+    assert report.exit_code == 1
+
+
+def test_new_ids_on_every_run_cannot_be_crash_tested() -> None:
+    report = run("new_ids_each_run", points=["after-record"])
+    assert {case.verdict for case in report.cases} == {"not reached"}
+    assert "give its model fixed ids (a scripted model)" in report.cases[0].details[0]
+    assert report.exit_code == 2
+
+
+def test_a_resume_that_hangs_is_reported_as_hung() -> None:
+    report = run("hangs_on_resume", points=["after-record"], timeout=3)
+    assert {case.verdict for case in report.cases} == {"hung"}
+    assert report.cases[0].details == ["hung after resume: it did not finish within 3 s"]
+    assert report.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("agent", "message"),
+    [
+        ("no_tool_call", "made no protected tool call and ran no marked side effect"),
+        ("fails_first", "failed before any tool call in its first run (not killed): the entry point raised "),
+        ("missing", "cannot load tests/crashtest_agents.py:missing: ImportError"),
+    ],
+)
+def test_what_cannot_be_tested_says_why(agent: str, message: str) -> None:
+    with pytest.raises(CrashTestError) as raised:
+        run(agent)
+    assert message in str(raised.value)
+
+
+def test_an_unusable_ledger_is_refused_before_any_run() -> None:
+    with pytest.raises(CrashTestError, match=r"the ledger redis://127.0.0.1:1/0\?connect_timeout=1 cannot be used"):
+        run("protected", ledger="redis://127.0.0.1:1/0?connect_timeout=1")
+
+
+@pytest.mark.parametrize("ledger", ["postgres", "redis"])
+def test_a_server_ledger_gives_each_case_its_own_namespace(ledger: str, postgres_url: str, redis_url: str) -> None:
+    """Both refunds' cases share a server: each case has its own table or key prefix, so none replays another's."""
+    url = postgres_url if ledger == "postgres" else redis_url
+    report = run("protected", points=["after-record"], ledger=url)
+    assert verdicts(report) == {"1@after-record": (1, "holds"), "2@after-record": (1, "holds")}
+
+
+def test_the_command_writes_junit_and_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    junit = tmp_path / "report.xml"
+    code = main(["crashtest", f"{AGENTS}:with_an_sms", "--points", "after-record", "--json", "--junit", str(junit)])
+    assert code == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["exit_code"] == 1
+    assert [case["verdict"] for case in document["cases"]] == ["holds", "holds", "UNPROTECTED"]
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "1", "0")
+    failures = [case.find("failure") for case in suite.iter("testcase")]
+    assert [failure is not None for failure in failures] == [False, False, True]
+
+    assert main(["crashtest", f"{AGENTS}:no_tool_call"]) == 2
+    assert "made no protected tool call" in capsys.readouterr().err
