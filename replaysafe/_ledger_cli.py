@@ -321,7 +321,13 @@ class Output:
         return self.stdin.readline().strip().lower() in ("y", "yes")
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout, stdin: TextIO = sys.stdin, err: TextIO = sys.stderr) -> int:
+def run(
+    args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    # The streams of the moment (not those of import time): a caller that redirects sys.stdout is heard.
+    out = sys.stdout if out is None else out
+    stdin = sys.stdin if stdin is None else stdin
+    err = sys.stderr if err is None else err
     output = Output(out, err, stdin, bool(getattr(args, "json", False)))
     try:
         from_env = not args.ledger

@@ -1,10 +1,12 @@
-"""The operator's `replaysafe ledger` commands, run for real in a subprocess on every durable ledger."""
+"""The operator's `replaysafe ledger` commands on every durable ledger.
+
+The commands run in this process as a new one would run them (tests/cli.py), but for one `list` and one
+`resolve` test, which run ``python -m replaysafe`` for real: the entry point an operator runs stays proven."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -18,18 +20,9 @@ import pytest
 from replaysafe import CallKey, Ledger, Status, open_ledger, replay_safe, tool_call
 from replaysafe.testing import SteppedClock
 
+from .cli import cli, subprocess_cli
+
 CHILD = str(Path(__file__).with_name("child.py"))
-
-
-def cli(*args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "replaysafe", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
 
 
 @pytest.fixture
@@ -49,22 +42,29 @@ def incident(durable_ledger: Ledger, durable_ledger_url: str, tmp_path: Path) ->
 
 
 def test_list_shows_the_incident(durable_ledger_url: str, incident: tuple[CallKey, CallKey]) -> None:
-    """list prints a table, newest first, with the dead owner's call in doubt; --json for scripts."""
+    """list prints a table, newest first, with the dead owner's call in doubt; --json for scripts.
+
+    Run as ``python -m replaysafe`` in a subprocess, not in this process: the smoke test of the real entry point
+    (its import, argument parsing, output and exit status through a pipe) for `list`."""
     in_doubt, done = incident
-    table = cli("ledger", "--ledger", durable_ledger_url, "list", "--thread", in_doubt.thread_id)
+    table = subprocess_cli("ledger", "--ledger", durable_ledger_url, "list", "--thread", in_doubt.thread_id)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["THREAD", "MESSAGE", "CALL", "TOOL", "STATUS", "ATTEMPTS", "AGE", "OWNER"]
     assert "send_email" in lines[1] and "completed" in lines[1]
     assert "refund_order" in lines[2] and "in_doubt" in lines[2]
     assert "2 record(s); page 1 of 1" in lines[-1]
-    data = json.loads(cli("ledger", "--ledger", durable_ledger_url, "list", "--json", "--status", "in-doubt").stdout)
+    data = json.loads(
+        subprocess_cli("ledger", "--ledger", durable_ledger_url, "list", "--json", "--status", "in-doubt").stdout
+    )
     found = [r for r in data["records"] if r["thread_id"] == in_doubt.thread_id]
     assert [(r["tool_name"], r["status"], r["stored_status"]) for r in found] == [
         ("refund_order", "in_doubt", "running")
     ]
     by_tool = json.loads(
-        cli("ledger", "--ledger", durable_ledger_url, "list", "--json", "--tool", "send_email", "--since", "1h").stdout
+        subprocess_cli(
+            "ledger", "--ledger", durable_ledger_url, "list", "--json", "--tool", "send_email", "--since", "1h"
+        ).stdout
     )
     assert {r["tool_call_id"] for r in by_tool["records"] if r["thread_id"] == done.thread_id} == {"call_1"}
 
@@ -85,12 +85,19 @@ def test_show_decodes_the_result(durable_ledger_url: str, incident: tuple[CallKe
 def test_resolve_settles_an_in_doubt_call_end_to_end(
     durable_ledger: Ledger, durable_ledger_url: str, incident: tuple[CallKey, CallKey]
 ) -> None:
-    """Declined, nothing changes (exit 4); confirmed, the result is recorded and a replay returns it."""
+    """Declined, nothing changes (exit 4); confirmed, the result is recorded and a replay returns it.
+
+    Run as ``python -m replaysafe`` in a subprocess, not in this process: the smoke test of the real entry point
+    for `resolve`, its question answered through a real stdin pipe."""
     in_doubt, _ = incident
-    declined = cli("ledger", "--ledger", durable_ledger_url, "resolve", *in_doubt, "--result", '"re_1"', stdin="n\n")
+    declined = subprocess_cli(
+        "ledger", "--ledger", durable_ledger_url, "resolve", *in_doubt, "--result", '"re_1"', stdin="n\n"
+    )
     assert declined.returncode == 4
     assert "not settled" in declined.stdout
-    settled = cli("ledger", "--ledger", durable_ledger_url, "resolve", *in_doubt, "--result", '"re_1"', stdin="y\n")
+    settled = subprocess_cli(
+        "ledger", "--ledger", durable_ledger_url, "resolve", *in_doubt, "--result", '"re_1"', stdin="y\n"
+    )
     assert settled.returncode == 0, settled.stderr
     assert "settled" in settled.stdout
     runs: list[int] = []

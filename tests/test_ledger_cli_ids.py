@@ -1,8 +1,11 @@
 """`replaysafe ledger` with the long ids real frameworks make (Pydantic AI's ``<uuid>@<timestamp>`` message ids,
-the MCP server's keys), run for real in a subprocess on SQLite, PostgreSQL and Redis: `list` shortens them and
+the MCP server's keys), on SQLite, PostgreSQL and Redis: `list` shortens them and
 `--wide` prints them whole; `show`, `resolve` and `delete` take an id as `list` prints it (a prefix ending in
 ``…``, or in ``*``) when it names one record, and refuse an ambiguous one naming the candidates, ids only; `list
---status in_doubt` prints a `resolve` command to paste for each call."""
+--status in_doubt` prints a `resolve` command to paste for each call, which bash runs as pasted.
+
+The commands run in this process as a new one would run them (tests/cli.py); a pasted command runs for real,
+in bash, with this environment's `replaysafe` command."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from pathlib import Path
 
 from replaysafe import CallKey, Ledger, Status, replay_safe, tool_call
 
-from .test_ledger_cli import SIGNING_KEY, _no_args_digest, _write, assert_replays_the_settled_result, cli
+from .cli import cli
+from .test_ledger_cli import SIGNING_KEY, _no_args_digest, _write, assert_replays_the_settled_result
 
 SECRET = "4111-1111-SECRET-CARD"  # an argument and a result: never in a message about ids
 BIN = str(Path(sys.executable).parent)  # where this environment's `replaysafe` command is

@@ -5,9 +5,6 @@ out, and without a key any sealed record tells that the ledger seals."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,7 @@ import pytest
 from replaysafe import CallKey, Ledger, Record, Status, open_ledger, replay_safe, tool_call
 from replaysafe._sealing import Sealer
 
+from .cli import cli as in_process_cli
 from .test_ledger_cli import _write, assert_replays_the_settled_result
 
 RIGHT = "a-signing-key-of-32-bytes-000000"  # the key the application signs with
@@ -31,7 +29,7 @@ OVERRIDE = "--seal-with-unchecked-key"
 def cli(url: str, *args: str, keys: tuple[str, ...] = (), by: str = "env", tmp: Path | None = None) -> Any:
     """``replaysafe ledger ... --ledger url``, given ``keys`` (comma-separated, the first signs) in
     $REPLAYSAFE_SIGNING_KEY (``by="env"``) or in a ``--signing-key-file`` (``by="file"``)."""
-    env = {**os.environ, **NO_KEY}
+    env = dict(NO_KEY)
     options = ["--ledger", url]
     if keys and by == "env":
         env["REPLAYSAFE_SIGNING_KEY"] = ",".join(keys)
@@ -40,13 +38,7 @@ def cli(url: str, *args: str, keys: tuple[str, ...] = (), by: str = "env", tmp: 
         key_file = tmp / f"keys-{uuid.uuid4().hex[:8]}"
         key_file.write_text("\n".join(keys) + "\n")
         options += ["--signing-key-file", str(key_file)]
-    return subprocess.run(
-        [sys.executable, "-m", "replaysafe", "ledger", *options, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    return in_process_cli("ledger", *options, *args, env=env)
 
 
 def _thread() -> str:

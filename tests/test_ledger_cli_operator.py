@@ -1,6 +1,6 @@
 """The operator's `replaysafe ledger` command as an operator types it: options anywhere, --json on every
 action, a command for every step a message names, filters, export, and clear words for an empty or
-wrong ledger. Run for real in a subprocess on SQLite, PostgreSQL and Redis."""
+wrong ledger. Run on SQLite, PostgreSQL and Redis, in this process as a new one would run them (tests/cli.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import pytest
 from replaysafe import CallInDoubtError, CallKey, Ledger, RecordedToolError, Status, open_ledger, replay_safe, tool_call
 from replaysafe._identity import call_idempotency_key
 
+from .cli import cli
 from .servers import libpq_url
-from .test_ledger_cli import _no_args_digest, _stuck, _write, cli, incident, live_owner
+from .test_ledger_cli import _no_args_digest, _stuck, _write, incident, live_owner
 
 __all__ = ["incident", "live_owner"]
 

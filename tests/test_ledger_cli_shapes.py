@@ -4,7 +4,8 @@ An adapter states the shape it records results in through the ``replaysafe.resul
 real one, installed for the test (a distribution's metadata and module on ``PYTHONPATH``: the same discovery as
 an installed package), with a serializer of the same shape on the replaying side. Before this change, a
 ``--result`` the call's replay could not read was written and said "settled": every replay then raised
-``RecordUnreadableError``. Run for real in a subprocess; no message repeats a result or text given.
+``RecordUnreadableError``. The commands run in this process as a new one would run them, the test adapter's
+directory on ``PYTHONPATH`` importable for them only (tests/cli.py); no message repeats a result or text given.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from replaysafe import (
     tool_call,
 )
 
+from .cli import cli
 from .installed import installed_package
-from .test_ledger_cli import _write, cli, incident
+from .test_ledger_cli import _write, incident
 
 __all__ = ["incident"]
 

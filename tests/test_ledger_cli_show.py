@@ -1,6 +1,7 @@
 """`replaysafe ledger show` prints a record's result as the ledger stores it (pretty-printed JSON, nothing
 decoded, imported or run) and tells in words what a marker in its place means: a result not recorded, the steps
-a paused or in-doubt call made. Its seal check is as before. Run for real on SQLite, PostgreSQL and Redis."""
+a paused or in-doubt call made. Its seal check is as before. Run on SQLite, PostgreSQL and Redis, in this process
+as a new one would run them (tests/cli.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import pytest
 from replaysafe import CallKey, Ledger, Status, open_ledger, replay_safe, tool_call
 from replaysafe._unrecorded import PREFIX
 
-from .test_ledger_cli import NO_KEY, SIGNING_KEY, WITH_KEY, _show, _write, cli
+from .cli import cli
+from .test_ledger_cli import NO_KEY, SIGNING_KEY, WITH_KEY, _show, _write
 
 SECRET = "4111-1111-SECRET-CARD"
 STEPS_CHILD = str(Path(__file__).with_name("steps_child.py"))

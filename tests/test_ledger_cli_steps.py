@@ -1,4 +1,5 @@
-"""`replaysafe ledger list/show` with steps and pauses, after real crashes, on every durable ledger."""
+"""`replaysafe ledger list/show` with steps and pauses, after real crashes (SIGKILLed child processes), on every
+durable ledger; the commands run in this process as a new one would run them (tests/cli.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,9 @@ from pathlib import Path
 
 from replaysafe import CallKey
 
+from .cli import cli
+
 STEPS_CHILD = str(Path(__file__).with_name("steps_child.py"))
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "replaysafe", *args], capture_output=True, text=True, timeout=120)
 
 
 def crashed_between_steps(url: str, tmp_path: Path) -> str:

@@ -9,11 +9,17 @@ call, and writes ``--text`` as a ``CallToolResult`` holding one text block.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import gc
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import traceback
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +29,9 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent
 
+import replaysafe.testing
 from replaysafe import CallInfo, CallKey, Record, SqliteLedger, Status, tool_call
+from replaysafe._cli import main
 from replaysafe_mcp import META_KEY, replay_safe_session
 
 from mcp_harness import WAIT, HttpServer, connect, effects, kill_server, server_env, wait_for_file
@@ -35,15 +43,37 @@ SECRET = "refunded-SECRET-5521"  # a result value no message may repeat
 
 
 def ledger_cli(url: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    """`replaysafe ledger --ledger sqlite:///URL ...`, as an operator runs it: another process."""
-    return subprocess.run(
-        [sys.executable, "-m", "replaysafe", "ledger", "--ledger", f"sqlite:///{url}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=WAIT,
-        check=False,
-    )
+    """`replaysafe ledger --ledger sqlite:///URL ...`, as an operator runs it, in this process as a new one would
+    run it (the main suite's tests/cli.py, which this package's tests cannot import): its own stdin, stdout and
+    stderr, Python's default warning filters, none of the caller's context variables, replaysafe's process-wide
+    state as a fresh import has it, the exit status of its SystemExit or, for an uncaught exception, a traceback
+    and 1. The entry point itself, in a process of its own, is the main suite's to prove (tests/test_cli.py,
+    tests/test_ledger_cli.py); the shape's entry point loads there without the MCP SDK (the last test here)."""
+    argv = ["ledger", "--ledger", f"sqlite:///{url}", *args]
+    out, err = io.StringIO(), io.StringIO()
+    stdin_before, sys.stdin = sys.stdin, io.StringIO(stdin)
+    replaysafe.testing.reset()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.resetwarnings()  # then Python's defaults (this suite makes every warning an error)
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+            try:
+                code: object = contextvars.Context().run(main, argv)
+            except SystemExit as exc:  # argparse: a usage error
+                code = exc.code
+            except Exception:
+                traceback.print_exc()
+                code = 1
+            if not (code is None or isinstance(code, int)):
+                print(code, file=sys.stderr)
+                code = 1
+            gc.collect()  # what the command left to the collector is collected under its own warning filters
+    finally:
+        sys.stdin = stdin_before
+        replaysafe.testing.reset()
+    return subprocess.CompletedProcess(["replaysafe", *argv], (code or 0) & 0xFF, out.getvalue(), err.getvalue())
 
 
 def record_of(path: Path, key: CallKey) -> Record:
