@@ -25,8 +25,9 @@ AFTER_RECORD = "after-record"
 #: Every point, in the order a call reaches them.
 POINTS = (BEFORE, INSIDE, AFTER_RETURN, AFTER_RECORD)
 
-#: Told ``(point, key, tool name)``: ``None`` unless a crash test's child watches.
-Watcher = Callable[[str, CallKey, str], None]
+#: Told ``(point, key, tool name, status written)`` (the status a ``Complete`` writes: ``completed``,
+#: ``failed``, ``paused``; ``None`` before a claim): ``None`` unless a crash test's child watches.
+Watcher = Callable[[str, CallKey, str, "str | None"], None]
 watcher: Watcher | None = None
 
 
@@ -36,13 +37,13 @@ def before(op: LedgerOp, tool_name: str) -> None:
     if watching is None:
         return
     if type(op) is Claim:
-        watching(BEFORE, op.key, tool_name)
+        watching(BEFORE, op.key, tool_name, None)
     elif type(op) is Complete:
-        watching(AFTER_RETURN, op.key, tool_name)
+        watching(AFTER_RETURN, op.key, tool_name, op.status.value)
 
 
 def after(op: LedgerOp, tool_name: str) -> None:
     """``op`` was made (called only while someone watches)."""
     watching = watcher
     if watching is not None and type(op) is Complete:
-        watching(AFTER_RECORD, op.key, tool_name)
+        watching(AFTER_RECORD, op.key, tool_name, op.status.value)

@@ -105,3 +105,36 @@ def no_tool_call() -> None:
 
 def fails_first() -> None:
     raise RuntimeError("the agent's configuration is missing")
+
+
+def replans_with_new_ids() -> None:
+    """A model asked again after a restart answers with new ids: the refund is a new call, made twice."""
+    boots = _folder() / "boots"
+    boot = int(boots.read_text()) + 1 if boots.exists() else 1
+    boots.write_text(str(boot))
+    with open_ledger(os.environ["REPLAYSAFE_LEDGER_URL"]) as ledger:
+        _loop(_refund_tool(ledger), ids=lambda turn: ("thread-1", f"msg_{turn}", f"call_{boot}"))
+
+
+class NeedsApproval(Exception):
+    """Pauses the refund until a human approves it."""
+
+
+def pauses_for_approval() -> None:
+    """The refund pauses once for approval and is resumed in the same run: its body starts twice in every run."""
+    with open_ledger(os.environ["REPLAYSAFE_LEDGER_URL"]) as ledger:
+
+        @replay_safe(ledger=ledger, name="refund_order", pause_on=NeedsApproval)
+        def refund_order(order: str) -> dict[str, str]:
+            if not (_folder() / f"approved-{order}").exists():
+                raise NeedsApproval
+            return {"refund": bank_refund(order)}
+
+        def refund_once_approved(order: str) -> None:
+            try:
+                refund_order(order)
+            except NeedsApproval:
+                (_folder() / f"approved-{order}").touch()
+                refund_order(order)
+
+        _loop(refund_once_approved)

@@ -100,8 +100,9 @@ def test_a_ledger_that_does_not_survive_the_crash_is_a_duplicate() -> None:
     """A MemoryLedger loses the record with the process: the call whose record was written runs again."""
     report = run("forgetful_ledger", points=["after-record"])
     assert verdicts(report) == {"1@after-record": (2, "DUPLICATE"), "2@after-record": (2, "DUPLICATE")}
-    assert "refund_order (thread-1 / msg_0 / call_1) ran 2 times: its outcome was written before the crash" in (
-        report.cases[0].details
+    assert (
+        "refund_order (thread-1 / msg_0 / call_1) ran 2 times, 1 allowed: its outcome was written before the crash"
+        in (report.cases[0].details)
     )
     assert report.exit_code == 1
 
@@ -165,3 +166,40 @@ def test_the_command_writes_junit_and_json(
 
     assert main(["crashtest", f"{AGENTS}:no_tool_call"]) == 2
     assert "made no protected tool call" in capsys.readouterr().err
+
+
+def test_a_call_made_again_under_new_ids_is_a_duplicate() -> None:
+    """Each restart's model answers with new ids: the resumed run refunds again under a new key, caught per tool
+    and per marked side effect (each key alone ran once)."""
+    report = run("replans_with_new_ids", points=["after-record"])
+    assert verdicts(report) == {"1@after-record": (1, "DUPLICATE"), "2@after-record": (1, "DUPLICATE")}
+    first = report.cases[0].details
+    assert (
+        "refund_order started 3 times, where a run that is not killed starts it 2; calls the first run did not "
+        "make: thread-1 / msg_0 / call_2, thread-1 / msg_1 / call_2 (new ids?)" in first
+    )
+    assert "`crashtest_agents.py:bank_refund` ran 3 times, where a run that is not killed runs it 2" in first
+
+
+def test_a_call_paused_and_resumed_in_one_run_holds() -> None:
+    """A start that ended in a pause made no side effect; killed after the pause was recorded (its first record),
+    the resume pauses and is approved again: the refund itself is made once."""
+    report = run("pauses_for_approval", points=["before", "after-record"])
+    assert verdicts(report) == {
+        "1@before": (1, "holds"),
+        "1@after-record": (1, "holds"),
+        "2@before": (1, "holds"),
+        "2@after-record": (1, "holds"),
+    }
+
+
+def test_postgres_scheme_cases_get_their_own_tables_and_the_users_records_stay(postgres_url: str) -> None:
+    from replaysafe import CallKey, open_ledger, replay_safe, tool_call
+
+    url = postgres_url.replace("postgresql://", "postgres://", 1)
+    with open_ledger(url) as ledger:
+        with tool_call("production-thread", "msg_1", "call_1"):
+            replay_safe(ledger=ledger, name="refund_order")(lambda order: order)("Z9")
+        report = run("protected", points=["after-record"], ledger=url)
+        assert verdicts(report) == {"1@after-record": (1, "holds"), "2@after-record": (1, "holds")}
+        assert ledger.get(CallKey("production-thread", "msg_1", "call_1")) is not None

@@ -61,10 +61,11 @@ class Case:
             and (at is None or kill.get("at") == at)
         )
 
-    def point(self, point: str, key: CallKey, tool_name: str) -> None:
+    def point(self, point: str, key: CallKey, tool_name: str, status: str | None) -> None:
         """A call reached ``point`` (``replaysafe._crash_points``): logged, and the process dies if asked."""
         parent = current_call_or_none() if point == "before" else None
-        self.note("point", point=point, key=key_list(key), tool=tool_name, parent=key_list(parent and parent.key))
+        parent_key = key_list(parent and parent.key)
+        self.note("point", point=point, key=key_list(key), tool=tool_name, parent=parent_key, status=status)
         if self._kills_call(point, key):
             self.die(point=point, key=key_list(key), tool=tool_name)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._constants import LEDGER_URL_ENV
-from .._crash_points import AFTER_RECORD, AFTER_RETURN, INSIDE, POINTS
+from .._crash_points import AFTER_RECORD, AFTER_RETURN, BEFORE, INSIDE, POINTS
 from . import _case
 
 Policy = Literal["rerun", "raise"]
@@ -54,6 +54,8 @@ _BROKEN = {DUPLICATE, UNPROTECTED, RECORD_IGNORED}
 _UNTESTED = {NOT_REACHED, HUNG, RESUME_FAILED}
 
 _CHILD = "replaysafe.testing._crashtest_child"
+#: The option that gives each case a ledger of its own, by URL scheme (SQLite: a file in the case's directory).
+_NAMESPACES = {"postgresql": "table", "postgres": "table", "redis": "prefix", "rediss": "prefix", "unix": "prefix"}
 
 
 class CrashTestError(Exception):
@@ -127,6 +129,8 @@ class CrashReport:
     seconds: float
     #: Seconds each run of a case may take.
     timeout: float
+    #: What the first run (not killed) did: what a case's two runs are allowed.
+    baseline: _Tally = dataclasses.field(default_factory=lambda: _Tally())
 
     @property
     def exit_code(self) -> int:
@@ -269,20 +273,18 @@ class _Runner:
         self._opened: list[str] = []
         self._lock = threading.Lock()
 
-    def ledger_url(self, folder: Path, case: str) -> str:
-        """The case's own ledger: a SQLite file in its directory, or a table or prefix of its own on a server."""
+    def ledger_url(self, folder: Path, number: int) -> str:
+        """The case's own ledger: a SQLite file in its directory, or a table or key prefix of its own on a
+        server (the case's number after this command's own name: short, and made of ``[a-z0-9_]`` only)."""
         if self.ledger is None or self.ledger.startswith("sqlite:"):
             return f"sqlite:///{folder / 'ledger.db'}"
         parts = urllib.parse.urlsplit(self.ledger)
-        option = {"postgresql": "table", "redis": "prefix"}.get(parts.scheme.partition("+")[0])
-        if option is None:
-            url = self.ledger  # a registered ledger: the entry point keeps its cases apart
-        else:
-            query = dict(urllib.parse.parse_qsl(parts.query))
-            case_name = f"{self.namespace}_{case.replace('@', '_').replace('-', '_')}"
-            given = query.get(option, "")  # kept as the start of the case's own: a prefix stays a prefix
-            query[option] = f"{given}{case_name}:" if option == "prefix" else f"{given}{case_name}"
-            url = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+        option = _NAMESPACES[parts.scheme.lower().partition("+")[0]]
+        query = dict(urllib.parse.parse_qsl(parts.query))
+        name = f"{self.namespace}_{number}"
+        # On Redis the given prefix stays the start of the case's own; a table is the case's alone.
+        query[option] = f"{query.get(option, '')}{name}:" if option == "prefix" else name
+        url = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
         with self._lock:
             self._opened.append(url)
         return url
@@ -353,67 +355,120 @@ def _calls(lines: Iterable[dict[str, Any]]) -> tuple[list[Call], dict[str, int]]
     return list(calls.values()), dict(unprotected)
 
 
-def _verdict(
-    target: Call | None, effect: str | None, point: str, crashed: _Run, resumed: _Run, report: CrashReport
-) -> tuple[int, str, str, list[str]]:
-    """What the two runs of a case did against what the promise allows: (ran, expected, verdict, details)."""
-    lines = crashed.lines + resumed.lines
-    starts: Counter[Key] = Counter()
-    tools: dict[Key, str] = {}
-    in_doubt: set[Key] = set()
+@dataclasses.dataclass
+class _Tally:
+    """What runs did: each call's body starts that did not end in a pause (by key and by tool), and each marked
+    side effect's executions."""
+
+    starts: Counter[Key] = dataclasses.field(default_factory=Counter)
+    tool_starts: Counter[str] = dataclasses.field(default_factory=Counter)
+    effects: Counter[str] = dataclasses.field(default_factory=Counter)
+    #: Executions outside every protected call (marked effects, and protected tools run without ids).
+    unprotected: Counter[str] = dataclasses.field(default_factory=Counter)
+    tools: dict[Key, str] = dataclasses.field(default_factory=dict)
+
+
+def _tally(lines: Iterable[dict[str, Any]]) -> _Tally:
+    tally = _Tally()
     for line in lines:
         key = _key(line.get("key"))
-        if line["kind"] == "event" and key is not None:
-            tools[key] = line["tool"]
-            if line["event"] == "started":
-                starts[key] += 1
-            elif line["event"] == "in_doubt" and line["run"] == "resume":
-                in_doubt.add(key)
-    # In doubt by right: a call whose body had started in the crashed run and whose outcome was not written.
-    started_then = {
-        _key(line["key"]) for line in crashed.lines if line["kind"] == "event" and line["event"] == "started"
-    }
-    recorded_then = {
-        _key(line["key"]) for line in crashed.lines if line["kind"] == "point" and line["point"] == AFTER_RECORD
-    }
-    open_at_kill = started_then - recorded_then
+        paused = line["kind"] == "point" and line["point"] == AFTER_RETURN and line.get("status") == "paused"
+        if (paused or (line["kind"] == "event" and line["event"] == "started")) and key is not None:
+            # A start that ended in a pause made no side effect (a tool pauses before it acts): not counted.
+            # (Told when its pause is about to be written, not by the event after it: a kill may come between.)
+            one = -1 if paused else 1
+            tally.tools[key] = line["tool"]
+            tally.starts[key] += one
+            tally.tool_starts[line["tool"]] += one
+        elif line["kind"] == "event" and line["event"] == "unprotected":
+            tally.unprotected[f"{line['tool']} (a protected tool run without ids or ledger)"] += 1
+        elif line["kind"] == "effect":
+            tally.effects[line["name"]] += 1
+            if not line["calls"]:
+                tally.unprotected[line["name"]] += 1
+    return tally
+
+
+def _keys(lines: Iterable[dict[str, Any]]) -> set[Key]:
+    """The call keys of ``lines`` (those that have one)."""
+    return {key for key in (_key(line.get("key")) for line in lines) if key is not None}
+
+
+def _verdict(
+    target: Call | None, effect: str | None, crashed: _Run, resumed: _Run, report: CrashReport
+) -> tuple[int, str, str, list[str]]:
+    """What the two runs of a case did against what the promise allows: (ran, expected, verdict, details).
+
+    The allowance is what one run that is not killed does (the first run's counts: a paused call resumed,
+    a call retried after an error it did not record, start again there too), plus one more run of each
+    call that was in doubt by right: claimed in the crashed run, its outcome not written, and reported in
+    doubt on resume (its policy ran it again). Counted three ways, so that a call made again under new ids
+    is caught too: per call key, per tool, and per marked side effect.
+    """
+    base, done = report.baseline, _tally(crashed.lines + resumed.lines)
+    in_doubt = _keys(line for line in resumed.lines if line["kind"] == "event" and line["event"] == "in_doubt")
+    claimed_then = _keys(line for line in crashed.lines if line["kind"] == "point" and line["point"] == BEFORE)
+    recorded_then = _keys(line for line in crashed.lines if line["kind"] == "point" and line["point"] == AFTER_RECORD)
+    open_at_kill = claimed_then - recorded_then
+    rerun = open_at_kill & in_doubt
     details: list[str] = []
     verdict = HELD
-    for key, count in sorted(starts.items(), key=lambda item: item[0]):
-        if count <= 1:
-            continue
-        tool = tools.get(key, "?")
-        if count == 2 and key in open_at_kill and key in in_doubt:
+
+    def broke(how: str, detail: str) -> None:
+        nonlocal verdict
+        verdict = DUPLICATE if DUPLICATE in (how, verdict) else how
+        details.append(detail)
+
+    for key, count in sorted(done.starts.items()):
+        tool, allowed = done.tools[key], base.starts.get(key, 1) + (key in rerun)
+        if count > allowed:
+            why = (
+                "its outcome was written before the crash" if key not in open_at_kill else "more than its policy ran it"
+            )
+            broke(DUPLICATE, f"{tool} ({_ids(key)}) ran {count} times, {allowed} allowed: {why}")
+        elif key in rerun and count > base.starts.get(key, 1):
             details.append(f"{tool} ({_ids(key)}) was in doubt and ran again under its policy (rerun)")
             verdict = IN_DOUBT if verdict == HELD else verdict
-            continue
-        verdict = DUPLICATE
-        why = "its outcome was written before the crash" if key not in open_at_kill else "without an in_doubt event"
-        details.append(f"{tool} ({_ids(key)}) ran {count} times: {why}")
+    for tool, count in sorted(done.tool_starts.items()):
+        allowed = base.tool_starts.get(tool, 0) + sum(done.tools.get(key) == tool for key in rerun)
+        if count > allowed:
+            new = sorted(key for key in done.starts if done.tools[key] == tool and key not in base.starts)
+            also = f"; calls the first run did not make: {', '.join(map(_ids, new))} (new ids?)" if new else ""
+            broke(DUPLICATE, f"{tool} started {count} times, where a run that is not killed starts it {allowed}{also}")
     for key in sorted(in_doubt - open_at_kill):
-        verdict = DUPLICATE if verdict == DUPLICATE else RECORD_IGNORED
-        details.append(f"{tools.get(key, '?')} ({_ids(key)}) was reported in doubt, though its outcome was written")
-    discovered = report.effects
-    ran_effects: Counter[str] = Counter()
-    for line in lines:
-        if line["kind"] == "effect" and not line["calls"]:
-            ran_effects[line["name"]] += 1
-        elif line["kind"] == "event" and line["event"] == "unprotected":
-            ran_effects[f"{line['tool']} (a protected tool run without ids or ledger)"] += 1
-    for name, count in sorted(ran_effects.items()):
-        if count > discovered.get(name, 0):
-            verdict = DUPLICATE if verdict == DUPLICATE else UNPROTECTED
-            details.append(
-                f"ran {count} times, where the run that was not killed ran it {discovered.get(name, 0)}: `{name}` "
-                "is not protected (decorate it with @replay_safe, or make it a step of a protected tool)"
+        broke(
+            RECORD_IGNORED,
+            f"{done.tools.get(key, '?')} ({_ids(key)}) was reported in doubt, though its outcome was written",
+        )
+    again_inside = Counter(
+        line["name"]
+        for line in crashed.lines
+        if line["kind"] == "effect" and any(_key(k) in rerun for k in line["calls"])
+    )
+    for name, count in sorted(done.effects.items()):
+        allowed = base.effects.get(name, 0) + again_inside.get(name, 0)
+        if count <= allowed:
+            continue
+        if done.unprotected.get(name, 0) > base.unprotected.get(name, 0):
+            broke(
+                UNPROTECTED,
+                f"ran {count} times, where the run that was not killed ran it {base.effects.get(name, 0)}: `{name}` is "
+                "not protected (decorate it with @replay_safe, or make it a step of a protected tool)",
+            )
+        else:
+            broke(DUPLICATE, f"`{name}` ran {count} times, where a run that is not killed runs it {allowed}")
+    for name, count in sorted(done.unprotected.items()):
+        if name not in done.effects and count > base.unprotected.get(name, 0):
+            broke(
+                UNPROTECTED,
+                f"ran {count} times, where the run that was not killed ran it {base.unprotected[name]}: `{name}`",
             )
     outcome = resumed.outcome
     if resumed.returncode is None:
         return 0, "", HUNG, [f"hung after resume: it did not finish within {report.timeout:g} s"]
     if outcome is None or not outcome["ok"]:
         error = (outcome or {}).get("error_type", "")
-        settled = error.endswith(".CallInDoubtError") and in_doubt and in_doubt <= open_at_kill
-        if settled:
+        if error.endswith(".CallInDoubtError") and in_doubt and in_doubt <= open_at_kill:
             details.append(f"the resume raised CallInDoubtError for {_ids(sorted(in_doubt)[0])} (policy raise)")
             verdict = IN_DOUBT if verdict == HELD else verdict
         elif verdict not in _BROKEN:
@@ -421,18 +476,19 @@ def _verdict(
             details.append(f"the resume failed: {resumed.failure()}")
             details += _tail(resumed)
     if target is not None:
-        ran = starts.get(target.key, 0)
-        allowed_twice = point in (INSIDE, AFTER_RETURN) or target.key in open_at_kill
-        expected = "1, or 2 if in doubt" if allowed_twice else "1"
+        ran = done.starts.get(target.key, 0)
+        once = base.starts.get(target.key, 1)
+        expected = f"{once}, or {once + 1} if in doubt" if target.key in open_at_kill else str(once)
     else:
-        ran = ran_effects.get(effect or "", 0)
-        expected = str(discovered.get(effect or "", 0))
+        ran = done.effects.get(effect or "", 0) or done.unprotected.get(effect or "", 0)
+        expected = str(base.effects.get(effect or "", 0) or base.unprotected.get(effect or "", 0))
     return ran, expected, verdict, details
 
 
 def _tail(run: _Run, lines: int = 12) -> list[str]:
-    outcome = run.outcome or {}
-    text = outcome.get("traceback") or run.output
+    """Where the entry point's error was raised (its frames and its type, not its message: it may carry
+    values); its output is left in the case's directory, unread (so is anything it printed)."""
+    text = (run.outcome or {}).get("traceback") or ""
     return [f"| {line}" for line in text.rstrip().splitlines()[-lines:]]
 
 
@@ -464,14 +520,21 @@ def crashtest(
         raise CrashTestError(f"--policy must be rerun or raise, got {policy!r}")
     if jobs < 1 or timeout <= 0:
         raise CrashTestError("--jobs must be 1 or more and --timeout more than 0 seconds")
-    if ledger is not None:
-        _check_ledger(ledger)
-    base = Path(tempfile.mkdtemp(prefix="replaysafe-crashtest-"))
     runner = _Runner(entry, ledger, policy, effects, timeout, Path(cwd or Path.cwd()))
+    if ledger is not None:
+        scheme = urllib.parse.urlsplit(ledger).scheme.lower().partition("+")[0]
+        if scheme != "sqlite" and scheme not in _NAMESPACES:
+            raise CrashTestError(
+                f"--ledger {_redacted(ledger)}: each case needs a ledger of its own, which the command makes on "
+                "sqlite://, postgresql:// and redis:// URLs only. For another ledger, open it in the entry point "
+                "under $REPLAYSAFE_CRASHTEST_DIR and leave --ledger out."
+            )
+        _check_ledger(runner.ledger_url(Path(), 0), ledger)
+    base = Path(tempfile.mkdtemp(prefix="replaysafe-crashtest-"))
     try:
         first = base / "discover"
         first.mkdir()
-        discovery = runner.run(first, "discover", runner.ledger_url(first, "discover"))
+        discovery = runner.run(first, "discover", runner.ledger_url(first, 0))
         _check_discovery(entry, discovery)
         calls, unprotected = _calls(discovery.lines)
         if not calls and not unprotected:
@@ -480,7 +543,7 @@ def crashtest(
                 "crash-test. Check that its tools are decorated with @replay_safe (or wrapped by an adapter) and "
                 "called with ids, and mark other side effects with @replaysafe.testing.side_effect."
             )
-        report = CrashReport(entry, ledger, policy, calls, unprotected, [], 0.0, timeout)
+        report = CrashReport(entry, ledger, policy, calls, unprotected, [], 0.0, timeout, _tally(discovery.lines))
         planned = _plan(calls, unprotected, points)
         if case is not None:
             planned = [item for item in planned if item[0] == case]
@@ -491,11 +554,11 @@ def crashtest(
         done: list[CaseResult] = []
         total = len(planned)
 
-        def one(item: tuple[str, Call | None, str | None, str]) -> CaseResult:
-            return _run_case(runner, report, base, item, keep)
+        def one(numbered: tuple[int, tuple[str, Call | None, str | None, str]]) -> CaseResult:
+            return _run_case(runner, report, base, *numbered, keep)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            for result in pool.map(one, planned):
+            for result in pool.map(one, enumerate(planned, start=1)):
                 done.append(result)
                 if progress is not None:
                     progress(len(done), total, sum(c.broken for c in done))
@@ -509,14 +572,15 @@ def crashtest(
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _check_ledger(url: str) -> None:
+def _check_ledger(url: str, given: str) -> None:
+    """Open the ledger (under the namespace of the command's own probe) and read from it."""
     from ..ledgers import open_ledger
 
     try:
         with open_ledger(url) as opened:
             opened.get(_case_probe_key())
     except Exception as exc:
-        raise CrashTestError(f"the ledger {_redacted(url)} cannot be used: {type(exc).__name__}: {exc}") from None
+        raise CrashTestError(f"the ledger {_redacted(given)} cannot be used: {type(exc).__name__}: {exc}") from None
 
 
 def _case_probe_key() -> Any:
@@ -561,13 +625,18 @@ def _plan(
 
 
 def _run_case(
-    runner: _Runner, report: CrashReport, base: Path, item: tuple[str, Call | None, str | None, str], keep: bool
+    runner: _Runner,
+    report: CrashReport,
+    base: Path,
+    number: int,
+    item: tuple[str, Call | None, str | None, str],
+    keep: bool,
 ) -> CaseResult:
     name, call, effect, point = item
     folder = base / name.replace(":", "_").replace("/", "_")
     folder.mkdir()
     started = time.monotonic()
-    url = runner.ledger_url(folder, name)
+    url = runner.ledger_url(folder, number)
     if call is not None:
         kill: dict[str, Any] = {"key": list(call.key), "point": point}
         if point == INSIDE:
@@ -589,7 +658,7 @@ def _run_case(
         result = CaseResult(name, tool, key, point, 0, "", NOT_REACHED, details + _tail(crashed), reproduce)
     else:
         resumed = runner.run(folder, "resume", url)
-        ran, expected, verdict, details = _verdict(call, effect, point, crashed, resumed, report)
+        ran, expected, verdict, details = _verdict(call, effect, crashed, resumed, report)
         result = CaseResult(name, tool, key, point, ran, expected, verdict, details, reproduce)
     result.seconds = time.monotonic() - started
     if keep or result.broken or result.untested:

@@ -61,10 +61,18 @@ def load(spec: str) -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
-def _count(effect: str) -> None:
-    """Wrap the function ``module:qualname`` where it is defined, as ``side_effect`` does."""
+def _count(effect: str, entry: str) -> None:
+    """Wrap the function ``module:qualname`` where it is defined, as ``side_effect`` does (the entry point's
+    own file, named by its path or its module name, is the module the entry point was loaded as)."""
     module_name, _, qualname = effect.partition(":")
-    owner: Any = importlib.import_module(module_name)
+    entry_file = entry.rpartition(":")[0]
+    owner: Any
+    if module_name in (entry_file, Path(entry_file).stem) and ENTRY_MODULE in sys.modules:
+        owner = sys.modules[ENTRY_MODULE]
+    elif module_name.endswith(".py"):
+        owner = load_file(f"__replaysafe_crashtest_{Path(module_name).stem}__", str(Path(module_name).resolve()))
+    else:
+        owner = importlib.import_module(module_name)
     *path, name = qualname.split(".")
     for part in path:
         owner = getattr(owner, part)
@@ -94,28 +102,36 @@ def main(argv: list[str]) -> int:
     on_event(logged)
     _crash_points.watcher = case.point
     try:
-        for effect in effects:
-            _count(effect)
         function = load(entry)
     except BaseException as exc:  # the entry point never ran
         case.note("outcome", ok=False, found=False, error=f"{type(exc).__name__}: {exc}")
         return 3
     try:
+        for effect in effects:
+            _count(effect, entry)
+    except BaseException as exc:
+        case.note("outcome", ok=False, found=False, error=f"--effects {effect}: {type(exc).__name__}: {exc}")
+        return 3
+    try:
         value = function()
         if inspect.isawaitable(value):
             asyncio.run(_awaited(value))
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            return _failed(case, exc)
     except BaseException as exc:
-        kind = type(exc)
-        case.note(
-            "outcome",
-            ok=False,
-            found=True,
-            error_type=f"{kind.__module__}.{kind.__qualname__}",
-            traceback=traceback.format_exc(limit=-8),
-        )
-        return 1
+        return _failed(case, exc)
     case.note("outcome", ok=True, found=True)
     return 0
+
+
+def _failed(case: _case.Case, exc: BaseException) -> int:
+    """The entry point raised: logged with where (its last frames) and what type, not its message (values)."""
+    kind = type(exc)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    frames = "".join(traceback.format_tb(exc.__traceback__, limit=-8))
+    case.note("outcome", ok=False, found=True, error_type=name, traceback=f"{frames}{name}")
+    return 1
 
 
 async def _awaited(value: Any) -> Any:
