@@ -26,6 +26,7 @@ from ._child import ChildError, ChildRun, kill_point, run_in_child
 from ._clock import SteppedClock
 from ._crashtest import CrashReport, CrashTestError, crashtest
 from ._effects import side_effect
+from ._script import IdStyle, Script, ScriptedCall, Turn, provider_id
 from ._state import disabled, reset
 
 __all__ = [
@@ -34,12 +35,17 @@ __all__ = [
     "ChildRun",
     "CrashReport",
     "CrashTestError",
+    "IdStyle",
+    "Script",
+    "ScriptedCall",
     "SteppedClock",
     "crashtest",
     "disabled",
     "kill_point",
+    "provider_id",
     "record_calls",
     "reset",
     "run_in_child",
     "side_effect",
+    "Turn",
 ]

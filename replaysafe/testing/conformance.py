@@ -1,0 +1,331 @@
+"""The adapter conformance kit: the crash cases every adapter must hold, run with real SIGKILLs.
+
+An adapter (ours, or a third party's in its own repository) gives the kit a small ``Driver``: build an
+agent from the given tools and a scripted model (``replaysafe.testing.Script``), with the adapter or
+without it, keeping its state under the given folder, and run it to its end (or resume it from what a
+killed run left). Each ``Scenario`` is then crash-tested by ``replaysafe crashtest`` (child processes,
+SIGKILLs, resumes, counts), with the adapter and without it, the control. ``check`` asserts the
+documented outcome and that the control shows the duplicate the case is about: a case whose control
+does not is reported as having no teeth, and fails, so no case can pass for want of a crash.
+
+```python
+import pytest
+from replaysafe.testing import conformance
+
+
+@pytest.mark.parametrize("scenario", conformance.SCENARIOS, ids=str)
+def test_conformance(scenario):
+    conformance.check("my_adapter_tests.driver:DRIVER", scenario)
+```
+
+CI runs each scenario's one key case (``Scenario.case``); ``check(..., every_case=True)`` runs every
+call at every kill point (``python -m replaysafe.testing.conformance DRIVER`` runs them all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from .._constants import LEDGER_URL_ENV
+from .._decorator import replay_safe
+from ..ledgers import Ledger, open_ledger
+from . import _case
+from ._crashtest import CrashReport, crashtest
+from ._effects import side_effect
+from ._script import Script, ScriptedCall
+
+#: What the kit hands the agent in its child processes (JSON): the driver, the scenario, the variant.
+RUN_ENV = "REPLAYSAFE_CONFORMANCE"
+#: The thread (session, conversation) id every scenario's agent runs under.
+THREAD_ID = "conformance-thread"
+#: This module's name, as the child processes import it (not ``__main__`` when run with ``-m``).
+_MODULE = "replaysafe.testing.conformance"
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentRun:
+    """One run of a scenario's agent, as the driver builds it."""
+
+    #: What the model answers, turn by turn (its ids by ``boot``).
+    script: Script
+    #: The scenario's tools, plain functions with their side effects marked (a steps tool has its steps
+    #: protected already, as an application would): the driver protects them with its adapter, or not.
+    tools: Mapping[str, Callable[..., Any]]
+    #: Where the agent keeps what must survive a crash (its checkpointer, session, message history).
+    folder: Path
+    #: The ledger the adapter uses (the case's own).
+    ledger: Ledger
+    #: ``False`` for the control: the same agent, its tools left plain.
+    protect: bool
+    #: Options for the adapter's ``@replay_safe`` (``key="args"``, ``in_doubt=...``).
+    options: Mapping[str, Any]
+    #: How many runs came before this one in this folder (0: the first): a restart after a crash is 1.
+    boot: int
+    thread_id: str = THREAD_ID
+
+
+class Driver(Protocol):
+    """What an adapter gives the kit. A driver may also have ``not_applicable``: a mapping of scenario name
+    to the reason the framework cannot have that case (``scenarios_for`` leaves those out, and says why)."""
+
+    def run(self, run: AgentRun, /) -> None:
+        """Build the agent (with the adapter when ``run.protect``), run it until the script ends, resuming
+        whatever a killed run left in ``run.folder``; raise what the agent raises."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """A crash case every adapter must hold."""
+
+    name: str
+    script: Script
+    #: What the case asserts, in a sentence (the failure message says it).
+    promise: str
+    #: The case CI runs: ``"N@point"`` (call N, by the order they are made, killed at that point).
+    case: str
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: The in-doubt policy of the tools (``replaysafe crashtest --policy``).
+    policy: str | None = None
+    #: The control: the same agent without the adapter (``None``), or with these options instead.
+    control: Mapping[str, Any] | None = None
+    #: The case the control runs: without the adapter, the kill right after a side effect first ran
+    #: (``"<module>:<function>@after-return"``); with other options, ``case``.
+    control_case: str | None = None
+    #: Whether the kit needs the driver to run tools side by side in one turn (a scenario with parallel calls).
+    parallel: bool = False
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# --- the scenarios' tools: marked side effects, importable by the child processes -----------------
+
+
+@side_effect
+def refund_effect(order_id: str) -> str:
+    return f"re_{order_id}"
+
+
+@side_effect
+def email_effect(to: str) -> str:
+    return f"sent_{to}"
+
+
+@side_effect
+def charge_effect(order_id: str) -> str:
+    return f"ch_{order_id}"
+
+
+@side_effect
+def notify_effect(order_id: str) -> str:
+    return f"nt_{order_id}"
+
+
+def refund_order(order_id: str) -> str:
+    """Refund an order (the provider's side effect)."""
+    return refund_effect(order_id)
+
+
+def send_email(to: str) -> str:
+    """Email a customer."""
+    return email_effect(to)
+
+
+def _steps_tool(protect: bool) -> Callable[..., Any]:
+    charge, notify = charge_effect, notify_effect
+    if protect:
+        charge = replay_safe(name="charge")(charge_effect)
+        notify = replay_safe(name="notify")(notify_effect)
+
+    def charge_and_notify(order_id: str) -> str:
+        """Charge an order, then tell the customer: two steps."""
+        return f"{charge(order_id)} {notify(order_id)}"
+
+    return charge_and_notify
+
+
+def tools_for(protect: bool) -> dict[str, Callable[..., Any]]:
+    """Every scenario's tools, by name."""
+    return {"refund_order": refund_order, "send_email": send_email, "charge_and_notify": _steps_tool(protect)}
+
+
+def _calls(*calls: tuple[str, dict[str, Any]]) -> tuple[ScriptedCall, ...]:
+    return tuple(ScriptedCall(tool, args) for tool, args in calls)
+
+
+_REFUND = ("refund_order", {"order_id": "A1"})
+_EMAIL = ("send_email", {"to": "ana@example.com"})
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario(
+        "sibling_pending",
+        Script((_calls(_REFUND, _EMAIL), "done"), name="sibling_pending"),
+        "killed after the first of two calls of one turn was recorded: it replays, its sibling runs once",
+        case="1@after-record",
+        control_case=f"{_MODULE}:refund_effect@after-return",
+    ),
+    Scenario(
+        "two_turns",
+        Script((_calls(_REFUND), _calls(_EMAIL), "done"), name="two_turns"),
+        "killed after the second turn's call was recorded: nothing of either turn runs again",
+        case="2@after-record",
+        control_case=f"{_MODULE}:email_effect@after-return",
+    ),
+    Scenario(
+        "parallel",
+        Script((_calls(_REFUND, ("refund_order", {"order_id": "B2"}), _EMAIL), "done"), name="parallel"),
+        "three calls in one turn, killed after the second was recorded: each ran once",
+        case="2@after-record",
+        control_case=f"{_MODULE}:refund_effect@after-return",
+        parallel=True,
+    ),
+    Scenario(
+        "in_doubt_rerun",
+        Script((_calls(_REFUND), "done"), name="in_doubt_rerun"),
+        "killed inside a tool, after its side effect: the call is in doubt and runs again under rerun",
+        case="1@inside",
+        control_case=f"{_MODULE}:refund_effect@after-return",
+        policy="rerun",
+    ),
+    Scenario(
+        "in_doubt_raise",
+        Script((_calls(_REFUND), "done"), name="in_doubt_raise"),
+        "killed inside a tool under raise: the resume raises CallInDoubtError and the tool does not run again",
+        case="1@inside",
+        control_case=f"{_MODULE}:refund_effect@after-return",
+        policy="raise",
+    ),
+    Scenario(
+        "steps",
+        Script((_calls(("charge_and_notify", {"order_id": "A1"})), "done"), name="steps"),
+        "killed after a tool's first step was recorded: the step replays, the tool's second step runs once",
+        case="2@after-record",
+        control_case=f"{_MODULE}:charge_effect@after-return",
+    ),
+    Scenario(
+        "replan_args",
+        Script((_calls(_REFUND), "done"), name="replan_args", new_ids_after_restart=True),
+        'the model re-plans the call under new ids after a restart: under key="args" it replays',
+        case="1@after-record",
+        options={"key": "args"},
+        control={"key": "call"},
+    ),
+)
+
+
+def scenarios_for(driver: object) -> list[Scenario]:
+    """The scenarios that apply to ``driver`` (all but its ``not_applicable`` ones)."""
+    left_out: Mapping[str, str] = getattr(driver, "not_applicable", {})
+    unknown = set(left_out) - {s.name for s in SCENARIOS}
+    if unknown:
+        raise ValueError(f"not_applicable names no scenario: {sorted(unknown)}")
+    return [scenario for scenario in SCENARIOS if scenario.name not in left_out]
+
+
+# --- the child's side: the entry point crashtest runs --------------------------------------------
+
+
+def entry() -> None:
+    """The entry point the kit hands ``crashtest``: run the scenario's agent through the driver."""
+    spec = json.loads(os.environ[RUN_ENV])
+    module_name, _, attribute = spec["driver"].partition(":")
+    driver: Driver = getattr(importlib.import_module(module_name), attribute)
+    scenario = next(s for s in SCENARIOS if s.name == spec["scenario"])
+    folder = Path(os.environ[_case.DIR_ENV])
+    boots = folder / ".replaysafe-conformance-boots"
+    boot = int(boots.read_text()) if boots.exists() else 0
+    boots.write_text(str(boot + 1))  # before anything runs: a run killed at once still counts as a boot
+    with open_ledger(os.environ[LEDGER_URL_ENV]) as ledger:
+        driver.run(
+            AgentRun(
+                scenario.script,
+                tools_for(spec["protect"]),
+                folder,
+                ledger,
+                spec["protect"],
+                spec["options"],
+                boot,
+            )
+        )
+
+
+# --- the test's side -----------------------------------------------------------------------------
+
+
+def _crashtest(
+    driver: str, scenario: Scenario, protect: bool, options: Mapping[str, Any], case: str | None
+) -> CrashReport:
+    spec = {"driver": driver, "scenario": scenario.name, "protect": protect, "options": dict(options)}
+    previous = os.environ.get(RUN_ENV)
+    os.environ[RUN_ENV] = json.dumps(spec)  # the children inherit it
+    try:
+        return crashtest(
+            f"{_MODULE}:entry",
+            policy=scenario.policy,  # type: ignore[arg-type]
+            case=case,
+            keep=False,
+            timeout=120,
+        )
+    finally:
+        if previous is None:
+            del os.environ[RUN_ENV]
+        else:
+            os.environ[RUN_ENV] = previous
+
+
+class ConformanceError(AssertionError):
+    """An adapter does not hold a scenario, or the scenario's control shows no duplicate."""
+
+
+def check(driver: str, scenario: Scenario, *, every_case: bool = False) -> tuple[CrashReport, CrashReport]:
+    """Crash-test ``scenario`` on the agent ``driver`` (``"module:attribute"``, importable by a child process)
+    builds, with the adapter and without it; raise ``ConformanceError`` unless the adapter holds and the
+    control shows the duplicate. Returns both reports."""
+    held = _crashtest(driver, scenario, True, scenario.options, None if every_case else scenario.case)
+    if held.exit_code != 0:
+        raise ConformanceError(f"{scenario.name}: {scenario.promise}; with the adapter:\n{held.table()}")
+    control_options = scenario.control if scenario.control is not None else scenario.options
+    control_case = scenario.control_case if scenario.control is None else scenario.case
+    control = _crashtest(
+        driver, scenario, scenario.control is not None, control_options, None if every_case else control_case
+    )
+    if control.exit_code != 1:
+        which = f"options {dict(control_options)}" if scenario.control is not None else "without the adapter"
+        raise ConformanceError(
+            f"{scenario.name}: no teeth: the control ({which}) did not run anything twice, so the case proves "
+            f"nothing about the adapter:\n{control.table()}"
+        )
+    return held, control
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m replaysafe.testing.conformance DRIVER [SCENARIO ...]``: every case of every scenario."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print(__doc__)
+        return 2
+    driver, names = args[0], set(args[1:])
+    failed = 0
+    for scenario in SCENARIOS:
+        if names and scenario.name not in names:
+            continue
+        try:
+            held, control = check(driver, scenario, every_case=True)
+        except ConformanceError as exc:
+            failed += 1
+            print(f"FAIL {exc}\n")
+            continue
+        broke = sum(case.broken for case in control.cases)
+        print(f"ok   {scenario.name}: {len(held.cases)} case(s) held; the control broke {broke}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

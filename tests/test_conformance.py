@@ -1,0 +1,39 @@
+"""The conformance kit on its reference driver (tests/conformance_driver.py): every scenario holds with
+``@replay_safe`` and breaks without it, with real SIGKILLs and resumes in child processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from replaysafe.testing import conformance
+
+DRIVER = "tests.conformance_driver:DRIVER"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("scenario", conformance.SCENARIOS, ids=str)
+def test_every_scenario_holds_with_the_adapter_and_breaks_without(scenario: conformance.Scenario) -> None:
+    held, control = conformance.check(DRIVER, scenario)
+    assert [case.case for case in held.cases] == [scenario.case]
+    assert held.exit_code == 0 and control.exit_code == 1
+
+
+def test_a_scenario_whose_control_does_not_break_has_no_teeth() -> None:
+    """A control that cannot duplicate (here: the re-plan scenario's control keeps key="args") fails the check."""
+    toothless = conformance.Scenario(
+        "replan_args",
+        conformance.SCENARIOS[-1].script,
+        "a control that cannot show the duplicate",
+        case="1@after-record",
+        options={"key": "args"},
+        control={"key": "args"},
+    )
+    with pytest.raises(conformance.ConformanceError, match="no teeth"):
+        conformance.check(DRIVER, toothless)
+
+
+def test_an_adapter_that_does_not_protect_fails() -> None:
+    """The kit's first check fails an adapter that leaves the tools plain: its ``case`` does not even exist."""
+    with pytest.raises(Exception, match="no case '1@after-record'"):
+        conformance.check("tests.conformance_driver:UNPROTECTED", conformance.SCENARIOS[0])
