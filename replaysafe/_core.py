@@ -581,11 +581,7 @@ def _protocol(
             record.args_digest != args_digest and not _recorded_earlier(spec, record, args, kwargs, args_digest)
         ):
             _report_mismatch(spec, host, record, args_digest)
-        if (
-            found.claimed
-            and record.attempt == 1
-            and (key.message_id == ARGS_MESSAGE_ID or key.thread_id == BUSINESS_THREAD_ID)
-        ):
+        if found.claimed and record.attempt == 1 and _derived(key):
             # A key derived from the call (key="args", a business key) was another before rs1: a
             # record written under the earlier rules is this call's, and must replay, not run again.
             adopted = yield from _adopt_earlier(spec, host, key, args, kwargs, owner, args_digest, sealer)
@@ -640,6 +636,12 @@ def _protocol(
                 break
             if taken is None:
                 continue  # another worker moved first: look again
+            if record.attempt == 1 and _derived(key):
+                # Its first claim may have died before it looked for the call's record under the earlier
+                # rules (rs0): look now, before the tool can run, for a call recorded there must replay.
+                adopted = yield from _adopt_earlier(spec, host, key, args, kwargs, owner, args_digest, sealer)
+                if adopted:
+                    continue
             if callable(policy):
                 owned = _run(
                     spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer, steps
@@ -740,6 +742,11 @@ def _recorded_earlier(
     return (
         spec.earlier is not None and record.args_digest in spec.earlier(record.key, args, kwargs, args_digest).digests
     )
+
+
+def _derived(key: CallKey) -> bool:
+    """Whether ``key`` is derived from the call (``key="args"``, a business key): another key before rs1."""
+    return key.message_id == ARGS_MESSAGE_ID or key.thread_id == BUSINESS_THREAD_ID
 
 
 def _adopt_earlier(

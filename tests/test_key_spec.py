@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import decimal
 import gc
+import os
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -19,6 +20,7 @@ from replaysafe import (
     Ledger,
     MemoryLedger,
     ReplayMismatchError,
+    SqliteLedger,
     Status,
     TamperedRecordError,
     replay_safe,
@@ -26,6 +28,7 @@ from replaysafe import (
 )
 from replaysafe._identity import args_digest
 from replaysafe._keys import args_key, business_key
+from replaysafe.testing import kill_point, run_in_child
 
 
 def new_thread() -> str:
@@ -423,3 +426,41 @@ def test_two_tools_under_one_wrapping_decorator_are_still_two() -> None:
     with pytest.raises(ValueError, match="two different tools have the identity") as raised:
         exec(compile(WRAPPED_DUPLICATE, "shop/wrapped.py", "exec"), {"__name__": module})
     assert "shop/wrapped.py:11" in str(raised.value) and "shop/wrapped.py:18" in str(raised.value)
+
+
+# --- a crash between the first rs1 claim and the rs0 read ------------------------------------
+
+
+class DiesOnItsFirstRead(SqliteLedger):
+    """A SQLite ledger whose process is SIGKILLed at its first read (the claim's look for an rs0 record)."""
+
+    def get(self, key: CallKey) -> Any:
+        kill_point("rs0-read")  # a real SIGKILL: nothing after it runs
+
+
+def refund_by_args(order_id: str, amount: float) -> str:
+    with open(os.environ["REFUND_LOG"], "a") as log:
+        log.write(order_id + "\n")
+    return "ran again"
+
+
+def refund_in_a_process_that_dies_reading(path: str, thread: str) -> None:
+    with DiesOnItsFirstRead(path) as dying, tool_call(thread, "msg_2", "call_2"):
+        replay_safe(ledger=dying, key="args", name="refund")(refund_by_args)("1042", 59.0)
+
+
+def test_a_crash_before_the_rs0_read_still_replays_the_rs0_record(tmp_path: Any, monkeypatch: Any) -> None:
+    """The process holding the first rs1 claim of a derived key is SIGKILLed before it reads the rs0 key: the
+    next call takes the in-doubt claim over and reads the rs0 key then, so the refund recorded before the
+    upgrade replays instead of running again."""
+    path, thread = str(tmp_path / "ledger.db"), new_thread()
+    log = tmp_path / "refunds.log"
+    monkeypatch.setenv("REFUND_LOG", str(log))
+    digest = args_digest({"order_id": "1042", "amount": 59.0}, tool_name="refund", rs0=True)
+    with SqliteLedger(path) as ledger:
+        write_rs0(ledger, args_key(thread, "refund", digest), "refund", digest, Status.COMPLETED, "re_1042")
+    crashed = run_in_child(refund_in_a_process_that_dies_reading, path, thread, kill_at="rs0-read")
+    assert crashed.killed and not log.exists()
+    with SqliteLedger(path) as ledger, tool_call(thread, "msg_3", "call_3"):
+        assert replay_safe(ledger=ledger, key="args", name="refund")(refund_by_args)("1042", 59.0) == "re_1042"
+    assert not log.exists()  # the refund never ran again
