@@ -337,7 +337,7 @@ class SignatureDigest:
     does not change the digest of the calls made before it existed.
     """
 
-    __slots__ = ("_by_name", "_by_position", "_defaults", "_exclude")
+    __slots__ = ("_by_name", "_by_position", "_default_objects", "_defaults", "_exclude")
 
     def __init__(
         self, names: Collection[str], exclude: Collection[str] = (), defaults: Mapping[str, Any] | None = None
@@ -348,6 +348,9 @@ class SignatureDigest:
         # Each default's canonical text, in the general form and in the fast one (None: a default
         # without one, which no argument is ever taken to equal).
         given = defaults or {}
+        # An argument that is its default object is at its default, whether or not it has a digest
+        # (``math.inf``, a sentinel ``object()``): a call that leaves it out is then digested as it is.
+        self._default_objects = {name: given[name] for name in kept if name in given}
         self._defaults = {name: _tree_text(given[name]) for name in kept if name in given}
         fast_defaults = [_fast_text(given[name]) if name in given else None for name in kept]
         heads = ["," + _string_text(name) + ":" for name in kept]
@@ -372,6 +375,8 @@ class SignatureDigest:
         return args_digest(general, tool_name=tool_name)
 
     def _at_default(self, name: str, value: Any) -> bool:
+        if name in self._default_objects and value is self._default_objects[name]:
+            return True
         default = self._defaults.get(name)
         return default is not None and _tree_text(value) == default
 

@@ -488,7 +488,10 @@ def test_signature_digest_is_the_general_digest(names: list[str], data: st.DataO
 
 
 def _at_default(name: str, value: Any, defaults: dict[str, Any]) -> bool:
-    """The rule, independently: equal by value to a default that has a digest (one without is never met)."""
+    """The rule, independently: the default object itself (whether or not it has a digest), or equal by value
+    to a default that has a digest (a value equal to one without is never at it)."""
+    if name in defaults and value is defaults[name]:
+        return True
     if name not in defaults or digest_shape(value) != digest_shape(defaults[name]):
         return False
     return not _digest_or_error(args_digest, {"d": defaults[name]}, tool_name="t").startswith("error:")

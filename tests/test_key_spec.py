@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import decimal
 import gc
+import math
 import os
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from replaysafe import (
+    ArgumentDigestError,
     CallInDoubtError,
     CallInProgressError,
     CallKey,
@@ -464,3 +466,29 @@ def test_a_crash_before_the_rs0_read_still_replays_the_rs0_record(tmp_path: Any,
     with SqliteLedger(path) as ledger, tool_call(thread, "msg_3", "call_3"):
         assert replay_safe(ledger=ledger, key="args", name="refund")(refund_by_args)("1042", 59.0) == "re_1042"
     assert not log.exists()  # the refund never ran again
+
+
+# --- defaults that have no digest of their own ----------------------------------------------------
+
+UNSET_MARKER = object()
+
+
+def test_a_default_without_a_digest_is_left_out_like_any_default(ledger: Ledger) -> None:
+    """``math.inf`` and a sentinel ``object()`` have no canonical text: an argument that *is* its default
+    object is at its default and left out of the digest, so calls that leave it out are protected."""
+    ran: list[str] = []
+
+    @replay_safe(ledger=ledger, key="args")
+    def refund(order_id: str, limit: float = math.inf, marker: object = UNSET_MARKER) -> str:
+        ran.append(order_id)
+        return f"re_{order_id}"
+
+    thread = new_thread()
+    with tool_call(thread, "msg_1", "call_1"):
+        assert refund("1042") == "re_1042"
+    with tool_call(thread, "msg_2", "call_2"):  # re-planned under new ids: the same call by its arguments
+        assert refund("1042") == "re_1042"
+        assert refund("1042", math.inf, UNSET_MARKER) == "re_1042"  # the default objects, given
+    assert ran == ["1042"]
+    with tool_call(thread, "msg_3", "call_3"), pytest.raises(ArgumentDigestError):
+        refund("1042", marker=object())  # another object, which has no digest: refused, as before
