@@ -203,3 +203,9 @@ def test_postgres_scheme_cases_get_their_own_tables_and_the_users_records_stay(p
         report = run("protected", points=["after-record"], ledger=url)
         assert verdicts(report) == {"1@after-record": (1, "holds"), "2@after-record": (1, "holds")}
         assert ledger.get(CallKey("production-thread", "msg_1", "call_1")) is not None
+
+
+def test_the_readme_quick_start_agent_holds() -> None:
+    """The README's example, as examples/quickstart_agent.py: every case of both refunds holds (8 cases)."""
+    report = crashtest("examples/quickstart_agent.py:main", cwd=ROOT, jobs=2)
+    assert len(report.cases) == 8 and report.exit_code == 0, report.table()

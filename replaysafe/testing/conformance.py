@@ -260,7 +260,12 @@ def entry() -> None:
 
 
 def _crashtest(
-    driver: str, scenario: Scenario, protect: bool, options: Mapping[str, Any], case: str | None
+    driver: str,
+    scenario: Scenario,
+    protect: bool,
+    options: Mapping[str, Any],
+    case: str | None,
+    ledger: str | None,
 ) -> CrashReport:
     spec = {"driver": driver, "scenario": scenario.name, "protect": protect, "options": dict(options)}
     previous = os.environ.get(RUN_ENV)
@@ -268,6 +273,7 @@ def _crashtest(
     try:
         return crashtest(
             f"{_MODULE}:entry",
+            ledger=ledger,
             policy=scenario.policy,  # type: ignore[arg-type]
             case=case,
             keep=False,
@@ -284,17 +290,20 @@ class ConformanceError(AssertionError):
     """An adapter does not hold a scenario, or the scenario's control shows no duplicate."""
 
 
-def check(driver: str, scenario: Scenario, *, every_case: bool = False) -> tuple[CrashReport, CrashReport]:
+def check(
+    driver: str, scenario: Scenario, *, every_case: bool = False, ledger: str | None = None
+) -> tuple[CrashReport, CrashReport]:
     """Crash-test ``scenario`` on the agent ``driver`` (``"module:attribute"``, importable by a child process)
     builds, with the adapter and without it; raise ``ConformanceError`` unless the adapter holds and the
-    control shows the duplicate. Returns both reports."""
-    held = _crashtest(driver, scenario, True, scenario.options, None if every_case else scenario.case)
+    control shows the duplicate. Returns both reports. ``ledger``: a server's URL (each case gets a table
+    or key prefix of its own there); by default a SQLite file in each case's directory."""
+    held = _crashtest(driver, scenario, True, scenario.options, None if every_case else scenario.case, ledger)
     if held.exit_code != 0:
         raise ConformanceError(f"{scenario.name}: {scenario.promise}; with the adapter:\n{held.table()}")
     control_options = scenario.control if scenario.control is not None else scenario.options
     control_case = scenario.control_case if scenario.control is None else scenario.case
     control = _crashtest(
-        driver, scenario, scenario.control is not None, control_options, None if every_case else control_case
+        driver, scenario, scenario.control is not None, control_options, None if every_case else control_case, ledger
     )
     if control.exit_code != 1:
         which = f"options {dict(control_options)}" if scenario.control is not None else "without the adapter"
