@@ -7,6 +7,7 @@ marked as a side effect, inside a protected tool (or not, for the agents that ge
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import time
@@ -138,3 +139,11 @@ def pauses_for_approval() -> None:
                 refund_order(order)
 
         _loop(refund_once_approved)
+
+
+def in_a_task_group() -> None:
+    """The agent's errors come out of a task group (anyio, asyncio.TaskGroup) wrapped in an exception group."""
+    try:
+        protected()
+    except Exception as exc:
+        raise builtins.ExceptionGroup("unhandled errors in a task group", [exc]) from None  # Python 3.11+

@@ -209,3 +209,11 @@ def test_the_readme_quick_start_agent_holds() -> None:
     """The README's example, as examples/quickstart_agent.py: every case of both refunds holds (8 cases)."""
     report = crashtest("examples/quickstart_agent.py:main", cwd=ROOT, jobs=2)
     assert len(report.cases) == 8 and report.exit_code == 0, report.table()
+
+
+def test_an_in_doubt_error_inside_an_exception_group_is_the_raise_policy_at_work() -> None:
+    report = run("in_a_task_group", points=["inside"], policy="raise")
+    assert verdicts(report) == {
+        "1@inside": (1, "in doubt, settled by policy"),
+        "2@inside": (1, "in doubt, settled by policy"),
+    }

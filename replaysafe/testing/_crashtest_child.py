@@ -125,9 +125,19 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The errors an exception group holds, however deep (an anyio or asyncio task group's), or ``exc``."""
+    inner = getattr(exc, "exceptions", None)
+    if not isinstance(inner, tuple) or not all(isinstance(e, BaseException) for e in inner):
+        return [exc]
+    return [leaf for e in inner for leaf in _leaves(e)]
+
+
 def _failed(case: _case.Case, exc: BaseException) -> int:
-    """The entry point raised: logged with where (its last frames) and what type, not its message (values)."""
-    kind = type(exc)
+    """The entry point raised: logged with where (its last frames) and what type, not its message (values).
+    A group of errors of one type (a task group's) is logged as that type."""
+    kinds = {type(leaf) for leaf in _leaves(exc)}
+    kind = kinds.pop() if len(kinds) == 1 else type(exc)
     name = f"{kind.__module__}.{kind.__qualname__}"
     frames = "".join(traceback.format_tb(exc.__traceback__, limit=-8))
     case.note("outcome", ok=False, found=True, error_type=name, traceback=f"{frames}{name}")

@@ -321,8 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__)
         return 2
     driver, names = args[0], set(args[1:])
+    module_name, _, attribute = driver.partition(":")
+    target = getattr(importlib.import_module(module_name), attribute)
+    for name, why in getattr(target, "not_applicable", {}).items():
+        print(f"n/a  {name}: {why}")
     failed = 0
-    for scenario in SCENARIOS:
+    for scenario in scenarios_for(target):
         if names and scenario.name not in names:
             continue
         try:
