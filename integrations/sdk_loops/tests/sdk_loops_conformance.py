@@ -1,0 +1,199 @@
+"""The conformance kit's drivers for agent loops written by hand on the OpenAI and Anthropic SDKs.
+
+The agent is the loop the README describes: ask the model with the SDK's real client (offline:
+``replaysafe_sdk_loops.testing.scripted_openai``/``scripted_anthropic`` play the kit's script with the
+provider's ids), save its response, run the response's tool calls with ``run_tool_calls`` (the adapter; the
+control runs them plain), append the response and the results to the conversation and save it, until the
+model answers with text. The conversation is one JSON file in the run's folder; a run finds it there and
+continues: a response saved with its results pending is processed again, as the README asks.
+
+``save_response=False`` is a loop that saves the conversation only once a turn's tools have run: a crash
+mid-turn loses the response and its resume asks the model again, which answers with new ids. That is the
+re-plan of ``replan_args`` (``key="args"``), which a loop that saves the response first cannot have.
+
+The kit imports this module by name in its child processes: the test puts this folder on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from replaysafe.testing.conformance import AgentRun
+
+if TYPE_CHECKING:  # each run imports only the SDK of its style: a child process pays for one
+    from anthropic.types import Message
+    from openai.types.chat import ChatCompletion
+    from openai.types.responses import Response
+
+Style = Literal["openai-chat", "openai-responses", "anthropic"]
+PROMPT = "Handle order A1 for ana@example.com"
+
+
+def specs(style: Style, tools: Mapping[str, Callable[..., Any]]) -> list[dict[str, Any]]:
+    """The tools as the API takes them (every parameter a string, as the kit's tools take)."""
+    out = []
+    for name, function in tools.items():
+        parameters = {
+            "type": "object",
+            "properties": {p: {"type": "string"} for p in inspect.signature(function).parameters},
+            "required": list(inspect.signature(function).parameters),
+        }
+        description = inspect.getdoc(function) or name
+        if style == "openai-chat":
+            function_spec = {"name": name, "description": description, "parameters": parameters}
+            out.append({"type": "function", "function": function_spec})
+        elif style == "openai-responses":
+            out.append({"type": "function", "name": name, "description": description, "parameters": parameters})
+        else:
+            out.append({"name": name, "description": description, "input_schema": parameters})
+    return out
+
+
+def load(style: Style, text: str) -> ChatCompletion | Response | Message:
+    """A saved response, validated by its SDK's model."""
+    if style == "openai-chat":
+        from openai.types.chat import ChatCompletion
+
+        return ChatCompletion.model_validate_json(text)
+    if style == "openai-responses":
+        from openai.types.responses import Response
+
+        return Response.model_validate_json(text)
+    from anthropic.types import Message
+
+    return Message.model_validate_json(text)
+
+
+def calls(style: Style, answer: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """The answer's tool calls as ``(call id, tool, arguments)``, read from the SDK object (the control's own)."""
+    if style == "openai-chat":
+        return [
+            (call.id, call.function.name, json.loads(call.function.arguments))
+            for call in answer.choices[0].message.tool_calls or []
+            if call.type == "function"
+        ]
+    if style == "openai-responses":
+        return [(i.call_id, i.name, json.loads(i.arguments)) for i in answer.output if i.type == "function_call"]
+    return [(b.id, b.name, dict(b.input)) for b in answer.content if b.type == "tool_use"]
+
+
+def as_text(result: Any) -> str:
+    return result if isinstance(result, str) else json.dumps(result)
+
+
+def plain_results(style: Style, answer: Any, tools: Mapping[str, Callable[..., Any]]) -> list[dict[str, Any]]:
+    """The control: each call run as the loop would without the adapter, its result in the SDK's shape."""
+    done = [(call_id, as_text(tools[name](**arguments))) for call_id, name, arguments in calls(style, answer)]
+    if style == "openai-chat":
+        return [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in done]
+    if style == "openai-responses":
+        return [{"type": "function_call_output", "call_id": call_id, "output": text} for call_id, text in done]
+    blocks = [{"type": "tool_result", "tool_use_id": call_id, "content": text} for call_id, text in done]
+    return [{"role": "user", "content": blocks}] if blocks else []
+
+
+def as_input(style: Style, answer: Any) -> list[dict[str, Any]]:
+    """The answer as the next request carries it (an assistant message, or the Responses output items)."""
+    if style == "openai-chat":
+        return [answer.choices[0].message.model_dump(exclude_none=True)]
+    if style == "openai-responses":
+        return [item.model_dump(exclude_none=True) for item in answer.output]
+    return [{"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in answer.content]}]
+
+
+class SdkLoopDriver:
+    """A hand-written loop on one SDK style; ``asynchronous`` runs the calls with ``arun_tool_calls``."""
+
+    def __init__(self, style: Style, *, save_response: bool = True, asynchronous: bool = False) -> None:
+        self.style: Style = style
+        self.save_response = save_response
+        self.asynchronous = asynchronous
+        self.not_applicable: dict[str, str] = (
+            {
+                "replan_args": "the loop saves the model's response before running its tool calls, as the README "
+                "asks, so a resume processes that response again under its ids and the model is never asked to "
+                "re-plan; the re-plan is proven on the loop that saves only finished turns (save_response=False)"
+            }
+            if save_response
+            else {}
+        )
+
+    def ask(self, run: AgentRun, conversation: list[dict[str, Any]]) -> Any:
+        """The model's next response: the SDK's real client, answering offline from the script."""
+        tools = specs(self.style, run.tools)
+        if self.style == "anthropic":
+            from replaysafe_sdk_loops.testing import scripted_anthropic
+
+            client = scripted_anthropic(run.script, boot=run.boot)
+            return client.messages.create(
+                model="claude-sonnet-4-5",
+                max_tokens=1024,
+                messages=conversation,  # type: ignore[arg-type]
+                tools=tools,  # type: ignore[arg-type]
+            )
+        from replaysafe_sdk_loops.testing import scripted_openai
+
+        openai_client = scripted_openai(run.script, boot=run.boot)
+        if self.style == "openai-chat":
+            return openai_client.chat.completions.create(
+                model="gpt-5",
+                messages=conversation,  # type: ignore[arg-type]
+                tools=tools,  # type: ignore[arg-type]
+            )
+        return openai_client.responses.create(model="gpt-5", input=conversation, tools=tools)  # type: ignore[arg-type]
+
+    def results(self, run: AgentRun, answer: Any) -> list[Any]:
+        """The answer's tool calls run: through the adapter, or plain (the control)."""
+        if not run.protect:
+            return plain_results(self.style, answer, run.tools)
+        helpers: Any
+        if self.style == "anthropic":
+            from replaysafe_sdk_loops import anthropic as helpers
+        else:
+            from replaysafe_sdk_loops import openai as helpers
+        options = {"thread_id": run.thread_id, "ledger": run.ledger, **run.options}
+        if self.asynchronous:
+            return list(asyncio.run(helpers.arun_tool_calls(answer, run.tools, **options)))
+        return list(helpers.run_tool_calls(answer, run.tools, **options))
+
+    def run(self, run: AgentRun) -> None:
+        path = run.folder / "conversation.json"
+        state: dict[str, Any] = (
+            json.loads(path.read_text())
+            if path.exists()
+            else {"conversation": [{"role": "user", "content": PROMPT}], "pending": None, "done": False}
+        )
+        while not state["done"]:
+            if state["pending"] is None:
+                answer = self.ask(run, state["conversation"])
+                state["pending"] = answer.model_dump_json()
+                if self.save_response:
+                    save(path, state)  # before any tool runs: a resume processes this response again
+            answer = load(self.style, state["pending"])
+            results = self.results(run, answer)
+            state["conversation"] += [*as_input(self.style, answer), *results]
+            state["pending"], state["done"] = None, not calls(self.style, answer)
+            save(path, state)
+
+
+def save(path: Path, state: dict[str, Any]) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(state))
+    temporary.replace(path)  # a kill mid-write leaves the previous conversation whole
+
+
+#: Chat Completions, sync; the README's loop (the response saved before its tools run).
+CHAT = SdkLoopDriver("openai-chat")
+#: Anthropic Messages, async (``arun_tool_calls``).
+ANTHROPIC = SdkLoopDriver("anthropic", asynchronous=True)
+#: Responses, sync.
+RESPONSES = SdkLoopDriver("openai-responses")
+#: The loops that save a turn only once its tools ran: the model re-plans after a crash mid-turn.
+CHAT_REPLAN = SdkLoopDriver("openai-chat", save_response=False)
+ANTHROPIC_REPLAN = SdkLoopDriver("anthropic", save_response=False, asynchronous=True)
+RESPONSES_REPLAN = SdkLoopDriver("openai-responses", save_response=False)

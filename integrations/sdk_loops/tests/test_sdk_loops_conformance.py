@@ -1,0 +1,47 @@
+"""The conformance kit on hand-written SDK loops (tests/sdk_loops_conformance.py): every scenario holds with
+``run_tool_calls`` and breaks without it, with real SIGKILLs and resumes in child processes.
+
+Chat Completions (sync) and Anthropic Messages (async) run every scenario that applies to a loop saving the
+response before its tools; Responses runs ``steps``. The re-plan (``replan_args``) runs on each style's loop
+that saves only finished turns.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from replaysafe.testing import conformance
+
+import sdk_loops_conformance as drivers
+
+pytestmark = pytest.mark.slow
+
+CASES = [
+    *(("CHAT", scenario) for scenario in conformance.scenarios_for(drivers.CHAT)),
+    *(("ANTHROPIC", scenario) for scenario in conformance.scenarios_for(drivers.ANTHROPIC)),
+    *(("RESPONSES", scenario) for scenario in conformance.scenarios_for(drivers.RESPONSES) if scenario.name == "steps"),
+    *(
+        (name, scenario)
+        for name in ("CHAT_REPLAN", "ANTHROPIC_REPLAN", "RESPONSES_REPLAN")
+        for scenario in conformance.scenarios_for(getattr(drivers, name))
+        if scenario.name == "replan_args"
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def driver_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit's children import the driver by its module name: this folder goes on their ``PYTHONPATH``."""
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+
+
+@pytest.mark.parametrize(("driver", "scenario"), CASES, ids=[f"{d.lower()}-{s}" for d, s in CASES])
+def test_every_scenario_holds_with_the_helpers_and_breaks_without(driver: str, scenario: conformance.Scenario) -> None:
+    held, control = conformance.check(f"sdk_loops_conformance:{driver}", scenario)
+    assert [case.case for case in held.cases] == [scenario.case]
+    assert held.exit_code == 0
+    assert control.exit_code == 1
