@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from agents import Agent, FunctionTool
+from agents.exceptions import AgentsException
 from agents.models.fake_id import FAKE_RESPONSES_ID
 from agents.tool import _FailureHandlingFunctionToolInvoker
 from agents.tool_context import ToolContext
@@ -88,6 +89,31 @@ async def _execute(ctx: ToolContext[Any], arguments: str, invoke: Invoker) -> An
     return await invoke(ctx, arguments)
 
 
+def _sdk_error(kind: type[ReplaySafeError]) -> type[ReplaySafeError]:
+    """``kind``, also an ``AgentsException``: named as it is, so ``except CallInDoubtError`` catches it."""
+    return type(kind.__name__, (kind, AgentsException), {"__module__": __name__, "__doc__": kind.__doc__})
+
+
+#: Each of replaysafe's ``CONTROL_ERRORS`` as an ``AgentsException`` too. The SDK lets an ``AgentsException``
+#: out of a tool as it is, and wraps any other error in its ``UserError``: a run ending on a call in doubt
+#: would raise ``UserError``, which an app's ``except CallInDoubtError`` (and ``replaysafe crashtest
+#: --policy raise``) does not catch.
+_SDK_ERRORS: dict[type[ReplaySafeError], type[ReplaySafeError]] = {kind: _sdk_error(kind) for kind in CONTROL_ERRORS}
+
+
+def _surfacing(error: ReplaySafeError) -> ReplaySafeError:
+    """``error`` made an ``AgentsException`` too (its class swapped for the subclass above), so that the SDK
+    ends the run with it rather than with its ``UserError``."""
+    if isinstance(error, AgentsException):
+        return error
+    kind = next((sdk for plain, sdk in _SDK_ERRORS.items() if type(error) is plain), None)
+    if kind is None:  # a subclass of one of them: its own pair, made once
+        kind = _SDK_ERRORS.setdefault(type(error), _sdk_error(type(error)))
+    error.__class__ = kind
+    error.run_data = None  # type: ignore[attr-defined]  # what AgentsException.__init__ sets
+    return error
+
+
 class _Refused(BaseException):
     """Carries one of replaysafe's ``CONTROL_ERRORS`` past the SDK's failure handler (which catches ``Exception``)."""
 
@@ -118,7 +144,7 @@ class _StopsOnRefusal(_FailureHandlingFunctionToolInvoker):
         try:
             return await super().__call__(ctx, input)
         except _Refused as refused:
-            raise refused.error from None
+            raise _surfacing(refused.error) from None
 
     def __agents_bind_function_tool__(self, function_tool: FunctionTool) -> _FailureHandlingFunctionToolInvoker:
         bound = super().__agents_bind_function_tool__(function_tool)
@@ -169,11 +195,17 @@ def _protect(
 ) -> Invoker:
     @functools.wraps(invoke)  # keeps the SDK's markers (argument preparation, wrapped callable)
     async def invoke_once(ctx: ToolContext[Any], arguments: str) -> Any:
-        async with tool_call(*call_key(ctx, thread_id), ledger=ledger, pauses=pauses, missing_ids_fix=MISSING_IDS_FIX):
-            if decorated:
-                return await invoke(ctx, arguments)
-            protected = replay_safe(name=tool_name, exclude_args=("ctx", "invoke"), **options)(_execute)
-            return await protected(ctx, arguments, invoke)
+        try:
+            async with tool_call(
+                *call_key(ctx, thread_id), ledger=ledger, pauses=pauses, missing_ids_fix=MISSING_IDS_FIX
+            ):
+                if decorated:
+                    return await invoke(ctx, arguments)
+                protected = replay_safe(name=tool_name, exclude_args=("ctx", "invoke"), **options)(_execute)
+                return await protected(ctx, arguments, invoke)
+        except CONTROL_ERRORS as error:
+            _surfacing(error)
+            raise
 
     return invoke_once
 

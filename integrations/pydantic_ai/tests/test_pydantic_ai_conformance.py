@@ -1,0 +1,28 @@
+"""The conformance kit on Pydantic AI (tests/pydantic_ai_conformance.py): every scenario holds with the
+``ReplaySafe`` capability and breaks without it, with real SIGKILLs and resumes in child processes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from replaysafe.testing import conformance
+
+from pydantic_ai_conformance import DRIVER
+
+
+@pytest.fixture(autouse=True)
+def driver_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit's children import the driver by its module name: this folder goes on their ``PYTHONPATH``."""
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+
+
+@pytest.mark.parametrize("scenario", conformance.scenarios_for(DRIVER), ids=str)
+def test_every_scenario_holds_with_the_capability_and_breaks_without(scenario: conformance.Scenario) -> None:
+    held, control = conformance.check("pydantic_ai_conformance:DRIVER", scenario)
+    assert [case.case for case in held.cases] == [scenario.case]
+    assert held.exit_code == 0
+    assert control.exit_code == 1
