@@ -24,10 +24,12 @@ call at every kill point (``python -m replaysafe.testing.conformance DRIVER`` ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -311,6 +313,12 @@ def check(
             f"{scenario.name}: no teeth: the control ({which}) did not run anything twice, so the case proves "
             f"nothing about the adapter:\n{control.table()}"
         )
+    for report in (held, control):  # what the control broke is the check's point: its folders are not kept
+        for case in report.cases:
+            if case.folder is not None:
+                shutil.rmtree(case.folder, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    Path(case.folder).parent.rmdir()  # the run's own folder, once empty
     return held, control
 
 
