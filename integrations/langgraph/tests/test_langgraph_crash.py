@@ -80,8 +80,8 @@ def check_ledger(tmp_path: Path, thread: str) -> None:
     assert (email.status, email.attempt) == (Status.COMPLETED, 2)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-@pytest.mark.parametrize("checkpointer", ["sqlite", "postgres"])
+# SQLite, sync is the conformance kit's sibling_pending scenario, on both graphs (tests/test_langgraph_conformance.py).
+@pytest.mark.parametrize(("checkpointer", "mode"), [("sqlite", "async"), ("postgres", "sync"), ("postgres", "async")])
 @pytest.mark.parametrize("graph", ["toolnode", "agent"])
 @pytest.mark.parametrize(("tools", "refunds"), [("plain", 1), ("off", 2)], ids=["adapter", "no-adapter"])
 def test_kill_after_refund_then_resume(

@@ -1,10 +1,11 @@
-"""The README's example runs, as far as it goes offline, with only what the README's first install line installs.
+"""The README's examples run, as far as they go offline, with only what their install lines install.
 
 tests/test_docs_code.py runs every other adapter's README example so (twice, in one fresh directory); 10xGraph
-needs Python 3.12, so this one runs here, with the same machinery. The example builds its ledger, checkpointer
+needs Python 3.12, so these run here, with the same machinery. The first example builds its ledger, checkpointer
 and agent when it runs and reaches PostgreSQL, Redis and the model only in ``turn``, which it does not call:
 what runs is everything it imports and builds (``PgCheckpointer`` refuses to be built without asyncpg and redis,
-the agent without the OpenAI client).
+the agent without the OpenAI client), with only what the README's first install line installs. The second, the
+crash test on the scripted model and ``SqliteCheckpointer``, runs whole, with only what its own line installs.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def docs_code() -> ModuleType:
 
 def test_the_readme_example_builds_with_only_what_its_first_install_line_installs(tmp_path: Path) -> None:
     docs = docs_code()
-    (example,) = [block for block in docs.blocks_of(README) if block.language in docs.PYTHON]
+    example, _ = [block for block in docs.blocks_of(README) if block.language in docs.PYTHON]
     line = docs.first_install_line(README)
     env = {**docs.environment(), "OPENAI_API_KEY": "sk-offline"}  # the client is built, never called
     for run in docs.RUNS:
@@ -39,3 +40,13 @@ def test_the_readme_example_builds_with_only_what_its_first_install_line_install
             docs.program_code([example]), README, tmp_path, setup=docs.only_installed_by(line), env=env
         )
         docs.assert_ran(result, f"{example.where} ({run}, with only what `{line.strip()}` installs)")
+
+
+def test_the_crash_test_example_holds_with_only_what_its_install_line_installs(tmp_path: Path) -> None:
+    docs = docs_code()
+    _, example = [block for block in docs.blocks_of(README) if block.language in docs.PYTHON]
+    line = next(line for _, line in docs.install_lines(README) if "[sqlite_checkpoint]" in line)
+    for run in docs.RUNS:
+        result = docs.run_python(docs.program_code([example]), README, tmp_path, setup=docs.only_installed_by(line))
+        docs.assert_ran(result, f"{example.where} ({run}, with only what `{line.strip()}` installs)")
+        assert "1 held, 0 broke the promise" in result.stdout, result.stdout

@@ -1,0 +1,51 @@
+"""The conformance kit (``replaysafe.testing.conformance``) on LangGraph's agents: each scenario holds with the
+adapter and breaks without it, with real SIGKILLs and resumes in child processes (the drivers:
+``langgraph_conformance_driver.py``). CI runs each scenario's key case; every case at every kill point::
+
+    export PYTHONPATH=integrations/langgraph/tests
+    python -m replaysafe.testing.conformance langgraph_conformance_driver:DRIVER
+
+The ``create_agent`` agent (the README's) runs every scenario. The ``StateGraph`` with a ``ToolNode`` runs
+those where it differs from it: a ``ToolNode`` runs all the calls of a model turn as one task, saved when the
+last one ends (``sibling_pending``), and steps inside a tool (``steps``); the others exercise the same
+interceptor, checkpointer and resume (``python -m ... langgraph_conformance_driver:TOOLNODE_DRIVER`` runs them all).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from replaysafe.testing import conformance
+
+from langgraph_conformance_driver import DRIVER, TOOLNODE_DRIVER
+
+#: The scenarios the ``ToolNode`` graph runs in CI (see above).
+TOOLNODE_SCENARIOS = {"sibling_pending", "steps"}
+
+
+@pytest.fixture(autouse=True)
+def driver_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit's child processes import the driver by its module name: this folder goes on their PYTHONPATH."""
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+
+
+@pytest.mark.parametrize("scenario", conformance.scenarios_for(DRIVER), ids=str)
+def test_create_agent_holds_each_scenario_and_breaks_without_the_adapter(scenario: conformance.Scenario) -> None:
+    held, control = conformance.check("langgraph_conformance_driver:DRIVER", scenario)
+    assert [case.case for case in held.cases] == [scenario.case]
+    assert held.exit_code == 0
+    assert control.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    "scenario", [s for s in conformance.scenarios_for(TOOLNODE_DRIVER) if s.name in TOOLNODE_SCENARIOS], ids=str
+)
+def test_a_tool_node_holds_each_scenario_and_breaks_without_the_adapter(scenario: conformance.Scenario) -> None:
+    held, control = conformance.check("langgraph_conformance_driver:TOOLNODE_DRIVER", scenario)
+    assert [case.case for case in held.cases] == [scenario.case]
+    assert held.exit_code == 0
+    assert control.exit_code == 1
