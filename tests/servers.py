@@ -47,6 +47,12 @@ def with_query(url: str, **params: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
 
 
+def with_driver(url: str, driver: str) -> str:
+    """A ``postgresql://`` URL with a SQLAlchemy-style driver: ``postgresql+asyncpg://``."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(scheme=f"postgresql+{driver}"))
+
+
 def libpq_url(url: str) -> str:
     """A SQLAlchemy-style URL (``postgresql+psycopg://``) as psycopg's own ``connect()`` takes it."""
     parts = urllib.parse.urlsplit(url)

@@ -104,6 +104,15 @@ _STATUSES = {status.value: status for status in Status}
 Reader = Callable[[Sequence[Sequence[Any]] | None, int], Any]
 
 
+def numbered(text: str, numbers: Iterable[int]) -> str:
+    """``text`` with its ``?`` placeholders, in order, as the positional parameters ``$n`` of ``numbers``."""
+    parts = text.split("?")
+    marks = [f"${n}" for n in numbers]
+    if len(marks) != len(parts) - 1:
+        raise ValueError("as many numbers as placeholders")
+    return "".join(part + mark for part, mark in zip(parts, marks, strict=False)) + parts[-1]
+
+
 class Step(NamedTuple):
     """One statement of an operation: its text, its parameters, and how its reply reads.
 
@@ -122,7 +131,8 @@ class Step(NamedTuple):
 class Dialect:
     """What differs between the SQL drivers in statements every dialect shares."""
 
-    #: The driver's positional placeholder: ``?`` (sqlite3) or ``%s`` (psycopg).
+    #: The driver's positional placeholder: ``?`` (sqlite3), or ``$`` for PostgreSQL's numbered ones
+    #: (``$1``, ``$2``, ... in order), which psycopg's raw cursors and asyncpg both take.
     placeholder: str
     #: A UTC time as the driver binds it, and back.
     encode_time: Callable[[dt.datetime | None], Any]
@@ -190,6 +200,8 @@ class Operations:
 
     def sql(self, text: str) -> str:
         """``text`` written with ``?`` placeholders, in the driver's own."""
+        if self.dialect.placeholder == "$":
+            return numbered(text, range(1, text.count("?") + 1))
         return text.replace("?", self.dialect.placeholder)
 
     # --- rows -----------------------------------------------------------------------

@@ -18,10 +18,13 @@ import math
 import queue
 import re
 import select
+import shlex
+import socket
 import sys
 import typing
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -37,15 +40,27 @@ from .._records import ClaimResult, Record
 from ._idle import IdleConnections
 from ._options import given_first, io_timeouts, split_url_options
 from ._protocol import TRANSIENT_FIX, AsyncLedger, AsyncStoredLedger, LedgerFault, RetryPolicy, SigningKey
-from ._sql import CLAIM_ROW, INSERT_COLUMNS, RECORD_COLUMNS, Dialect, Operations, SqlLedger, Step
+from ._sql import CLAIM_ROW, INSERT_COLUMNS, RECORD_COLUMNS, Dialect, Operations, SqlLedger, Step, numbered
 from ._watchdog import watchdog
 
 if TYPE_CHECKING:
+    import asyncpg
     from sqlalchemy.ext.asyncio import AsyncEngine
+else:
+    try:
+        import asyncpg
+    except ImportError:  # pragma: no cover - without the asyncpg extra, .aio runs on psycopg only
+        asyncpg = None
 
 _DRIVER = "postgresql+psycopg"
-#: The longest table name whose claim function, ``<table>_claim``, fits PostgreSQL's 63-byte names.
-_MAX_TABLE_NAME = 63 - len("_claim")
+#: A URL with this driver runs ``.aio`` on asyncpg (sync operations stay on psycopg).
+_ASYNCPG_DRIVER = "postgresql+asyncpg"
+_NO_ASYNCPG = "asyncpg is not installed: pip install 'replaysafe-tools[asyncpg]'"
+#: The claim function's name after its table's. (An earlier version's ``<table>_claim``, which read
+#: the record too, is left as it is: its workers may still run beside this one's.)
+_CLAIM_SUFFIX = "_try_claim"
+#: The longest table name whose claim function, ``<table>_try_claim``, fits PostgreSQL's 63-byte names.
+_MAX_TABLE_NAME = 63 - len(_CLAIM_SUFFIX)
 _DIALECT: sa.Dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
 #: Connections a ledger (and each event loop) holds at most by default; more callers wait for one.
 _POOL_SIZE = 10
@@ -92,7 +107,8 @@ def _psycopg_url(url: str | sa.URL) -> sa.URL:
     if parsed.drivername != _DRIVER:
         raise ValueError(
             f"PostgresLedger needs the psycopg 3 driver, got {parsed.render_as_string(hide_password=True)!r}: "
-            "use a postgresql:// or postgresql+psycopg:// URL (pip install 'replaysafe-tools[postgres]')"
+            "use a postgresql:// or postgresql+psycopg:// URL (pip install 'replaysafe-tools[postgres]'), or "
+            "postgresql+asyncpg:// for .aio on asyncpg"
         )
     return parsed
 
@@ -117,6 +133,33 @@ _LEDGER_OPTIONS: dict[str, Any] = {
     "prepare": _flag,
 }
 _LIBPQ_OPTIONS = frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults())
+#: libpq's options for the TCP connection itself, which asyncpg has no setting for.
+_LIBPQ_TCP_OPTIONS = frozenset(
+    {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout"}
+)
+
+
+def _setting_options(options: str) -> dict[str, str]:
+    """libpq's ``options`` (``-c name=value``, ``-cname=value`` or ``--name=value``) as session settings."""
+    settings: dict[str, str] = {}
+    words = shlex.split(options)
+    while words:
+        word = words.pop(0)
+        if word == "-c" and words:
+            word = words.pop(0)
+        elif word.startswith(("-c", "--")):
+            word = word[2:]
+        else:
+            raise ValueError(
+                f"PostgresLedger: asyncpg takes libpq's options as -c name=value settings only, not {word!r}"
+            )
+        name, sep, value = word.partition("=")
+        if not sep or not name:
+            raise ValueError(f"PostgresLedger: a setting in libpq's options must read name=value, not {word!r}")
+        settings[name.replace("-", "_")] = value
+    return settings
+
+
 #: Seconds the client waits past ``statement_timeout`` before it cuts a connection
 #: that does not answer (the server's own cancel is the clean way out, when it runs).
 _CUT_GRACE = 1.0
@@ -140,7 +183,7 @@ _MISSING_TABLE_FIX = (
     "The ledger's table or schema does not exist: pass create_schema=True, or apply ledger.ddl() (a migration)."
 )
 _MISSING_FUNCTION_FIX = (
-    "The ledger's claim function (<table>_claim, beside the table) does not exist, as in a table made by an "
+    "The ledger's claim function (<table>_try_claim, beside the table) does not exist, as in a table made by an "
     "earlier version: pass create_schema=True, or apply the CREATE FUNCTION of ledger.ddl() (a migration)."
 )
 _URL_FIX = "The connection settings are invalid: fix the postgresql:// URL or its options."
@@ -180,20 +223,36 @@ def _privilege_fix(primary: str, role: str | None) -> str:
     )
 
 
+def _server_error(cause: BaseException) -> tuple[str, str] | None:
+    """A driver's error as its SQLSTATE ("" when it has none) and primary message; ``None`` for any other error."""
+    if isinstance(cause, psycopg.Error):
+        return cause.sqlstate or "", getattr(cause.diag, "message_primary", None) or ""
+    if asyncpg is not None and isinstance(cause, asyncpg.PostgresError):
+        return getattr(cause, "sqlstate", None) or "", getattr(cause, "message", None) or ""
+    return None
+
+
 def _diagnose(exc: BaseException, role: str | None = None) -> LedgerFault:
-    """One place that tells a passing PostgreSQL fault from a misconfiguration, by SQLSTATE."""
+    """One place that tells a passing PostgreSQL fault from a misconfiguration, by SQLSTATE (either driver's)."""
     cause = getattr(exc, "orig", None) or exc
-    if isinstance(cause, (TimeoutError, sa_exc.TimeoutError, sa_exc.DisconnectionError, ConnectionError)):
+    if isinstance(
+        cause, (TimeoutError, asyncio.TimeoutError, sa_exc.TimeoutError, sa_exc.DisconnectionError, ConnectionError)
+    ):
         return LedgerFault(True, TRANSIENT_FIX)
-    if not isinstance(cause, psycopg.Error):
+    error = _server_error(cause)
+    if error is None:
+        if isinstance(cause, socket.gaierror) or (
+            asyncpg is not None and isinstance(cause, asyncpg.InterfaceError) and not isinstance(cause, ValueError)
+        ):
+            return LedgerFault(True, TRANSIENT_FIX)  # a host name that did not resolve; asyncpg: a connection closed
         return LedgerFault(False, _URL_FIX if isinstance(cause, (sa_exc.ArgumentError, ValueError)) else _SQL_FIX)
-    state = cause.sqlstate or ""
+    state, primary = error
     if state.startswith("28"):
         return LedgerFault(False, _AUTH_FIX)
     if state == "3D000":
         return LedgerFault(False, _DATABASE_FIX)
     if state == "42501":
-        return LedgerFault(False, _privilege_fix(getattr(cause.diag, "message_primary", None) or "", role))
+        return LedgerFault(False, _privilege_fix(primary, role))
     if state in ("42P01", "3F000"):
         return LedgerFault(False, _MISSING_TABLE_FIX)
     if state == "42883":  # undefined_function
@@ -247,6 +306,12 @@ class PostgresLedger(SqlLedger):
     connection once: leave it on unless a pooler in transaction mode without
     prepared-statement support sits in between (PgBouncer before 1.21, or with
     ``max_prepared_statements=0``), then pass ``prepare=False``.
+
+    ``.aio`` runs on asyncpg instead of psycopg (``pip install 'replaysafe-tools[asyncpg]'``)
+    with a ``postgresql+asyncpg://`` URL, on connections of its own, or with
+    ``asyncpg_pool=``, an application's ``asyncpg.Pool`` it borrows connections from (and
+    never closes); sync operations and the schema stay on psycopg, connecting with the URL,
+    which must then name the same database. The same statements run on either driver.
     """
 
     transient_errors: tuple[type[BaseException], ...] = (
@@ -277,8 +342,14 @@ class PostgresLedger(SqlLedger):
         pool_size: int = _POOL_SIZE,
         retry: RetryPolicy | None = None,
         signing_key: SigningKey | None = None,
+        asyncpg_pool: asyncpg.Pool | None = None,
     ) -> None:
+        on_asyncpg = asyncpg_pool is not None
         if isinstance(url_or_engine, (str, sa.URL)):
+            given = sa.make_url(url_or_engine)
+            if given.drivername == _ASYNCPG_DRIVER:
+                on_asyncpg = True
+                url_or_engine = given.set(drivername=_DRIVER)
             text = url_or_engine if isinstance(url_or_engine, str) else url_or_engine.render_as_string(False)
             url_or_engine, from_url = split_url_options(text, _LEDGER_OPTIONS, _LIBPQ_OPTIONS, "PostgresLedger")
             table, schema, ttl, connect_timeout, io_timeout, prepare = given_first(
@@ -315,16 +386,28 @@ class PostgresLedger(SqlLedger):
                 f"PostgresLedger takes a postgresql:// URL or a SQLAlchemy Engine/AsyncEngine, "
                 f"not {type(url_or_engine).__name__}"
             )
+        if on_asyncpg:
+            if asyncpg is None:
+                raise ValueError(_NO_ASYNCPG)
+            if self._async_engine is not None:
+                raise ValueError("PostgresLedger: .aio runs on the AsyncEngine's pool or on asyncpg, not both")
+            if asyncpg_pool is not None and not isinstance(asyncpg_pool, asyncpg.Pool):
+                raise TypeError(f"asyncpg_pool must be an asyncpg.Pool, not {type(asyncpg_pool).__name__}")
+        #: Whether ``.aio`` runs on asyncpg, and the application's pool it borrows from, if any.
+        self._on_asyncpg = on_asyncpg
+        self._asyncpg_pool = asyncpg_pool
         if isinstance(table, str) and len(table) > _MAX_TABLE_NAME:
             # PostgreSQL cuts names at 63 bytes: two long table names would share one claim function.
             raise ValueError(
-                f"table {table!r} is longer than {_MAX_TABLE_NAME} characters: PostgreSQL cuts names at 63 bytes "
-                f"and the ledger's claim function ({table[:20]}..._claim) must keep its own; choose a shorter name"
+                f"table {table!r} is longer than {_MAX_TABLE_NAME} characters: PostgreSQL cuts names at 63 bytes and "
+                f"the ledger's claim function ({table[:20]}...{_CLAIM_SUFFIX}) must keep its own; choose a shorter name"
             )
         super().__init__(engine, url, table, schema, ttl, create_schema, retry, signing_key)
         self._ops = PostgresOperations(self._quoted_table(), self.ttl, self._quoted_claim_function())
         self._pool = _Pool(self._connect, pool_size)
         self._aio_pg: _AsyncPostgresLedger | None = None
+        if on_asyncpg and asyncpg_pool is None:
+            self._asyncpg_connect_args()  # the URL's options as asyncpg takes them: refused now, not at a call
 
     def __repr__(self) -> str:
         url = self._url.render_as_string(hide_password=True) if isinstance(self._url, sa.URL) else "?"
@@ -334,9 +417,9 @@ class PostgresLedger(SqlLedger):
         return _DIALECT.identifier_preparer.format_table(self.table)
 
     def _quoted_claim_function(self) -> str:
-        """The claim's function: ``<table>_claim``, in the table's schema."""
+        """The claim's function: ``<table>_try_claim``, in the table's schema."""
         preparer = _DIALECT.identifier_preparer
-        name = preparer.quote(f"{self.table.name}_claim")
+        name = preparer.quote(f"{self.table.name}{_CLAIM_SUFFIX}")
         return name if self.table.schema is None else f"{preparer.quote_schema(self.table.schema)}.{name}"
 
     # --- engine, schema and connections --------------------------------------------
@@ -387,14 +470,44 @@ class PostgresLedger(SqlLedger):
             "tcp_user_timeout": io_ms,
         }
         params = {name: value for name, value in params.items() if name not in given}
-        # Our own integers only: no value from outside reaches the options string. TimeZone=UTC:
-        # psycopg then reads each timestamptz straight into a UTC datetime (in the server's zone it
-        # converts each one, about 4,000 instructions a column); the stored instants are the same.
-        options = f"-c statement_timeout={io_ms} -c lock_timeout={max(1, io_ms // 2)} -c TimeZone=UTC"
+        # Our own integers only: no value from outside reaches the options string.
+        options = " ".join(f"-c {name}={value}" for name, value in self._server_settings().items())
         if "options" in given and isinstance(self._url, sa.URL):
             options = f"{options} {self._url.query['options']}"  # the URL's settings come last, so they win
         params["options"] = options
         return params
+
+    def _server_settings(self) -> dict[str, str]:
+        """The session settings every connection the ledger opens starts with (either driver's)."""
+        io_ms = max(1, round(self.io_timeout * 1000))
+        # TimeZone=UTC: psycopg then reads each timestamptz straight into a UTC datetime (in the
+        # server's zone it converts each one, about 4,000 instructions a column); the stored
+        # instants are the same.
+        return {"statement_timeout": str(io_ms), "lock_timeout": str(max(1, io_ms // 2)), "TimeZone": "UTC"}
+
+    def _asyncpg_connect_args(self) -> dict[str, Any]:
+        """How ``.aio`` opens an asyncpg connection: the URL, its libpq options as asyncpg takes them.
+
+        asyncpg reads the connection's own options (``sslmode``, ...) from the URL and takes any
+        other option as a session setting; libpq's ``options`` (``-c name=value``) become session
+        settings too, after the ledger's own, so they win. libpq's TCP options have no asyncpg
+        counterpart: each statement's client-side bound (``io_timeout`` + 1 s) bounds a half-open
+        connection instead.
+        """
+        assert isinstance(self._url, sa.URL)
+        query = {name: value for name, value in self._url.query.items() if name not in _LIBPQ_TCP_OPTIONS}
+        settings = self._server_settings()
+        options = query.pop("options", None)
+        if options is not None:
+            settings.update(_setting_options(options if isinstance(options, str) else " ".join(options)))
+        dsn = self._url.set(drivername="postgresql", query=query).render_as_string(hide_password=False)
+        return {
+            "dsn": dsn,
+            "timeout": self.connect_timeout,
+            "server_settings": settings,
+            # No cache: unnamed statements, which a pooler in transaction mode passes on.
+            "statement_cache_size": 100 if self.prepare else 0,
+        }
 
     def diagnose(self, exc: BaseException) -> LedgerFault:
         return _diagnose(exc, getattr(self._url, "username", None))
@@ -455,7 +568,7 @@ class PostgresLedger(SqlLedger):
         if self._owns_engine:
             cargs, params = self._connect_args()
             conn = psycopg.Connection.connect(*cargs, **params)
-            return conn, conn.cursor(), None
+            return conn, psycopg.RawCursor(conn), None
         # A shared engine's pool: dead connections (a server restart) are discarded here.
         for _ in range(16):
             fairy = self.engine.raw_connection()
@@ -467,8 +580,8 @@ class PostgresLedger(SqlLedger):
         # round trip) and back before its pool gets it again (see _Pool.put).
         if not shared.autocommit:
             shared.autocommit = True
-            return shared, shared.cursor(), (fairy, True)
-        return shared, shared.cursor(), (fairy, False)
+            return shared, psycopg.RawCursor(shared), (fairy, True)
+        return shared, psycopg.RawCursor(shared), (fairy, False)
 
     def _run(self, step: Step | Any) -> Any:
         if type(step) is not Step:
@@ -523,7 +636,7 @@ class PostgresLedger(SqlLedger):
     @property
     def aio(self) -> AsyncLedger:
         if self._aio_pg is None:
-            self._aio_pg = _AsyncPostgresLedger(self)
+            self._aio_pg = (_AsyncpgLedger if self._on_asyncpg else _AsyncPostgresLedger)(self)
         return self._aio_pg
 
 
@@ -531,21 +644,6 @@ class PostgresLedger(SqlLedger):
 #: the owner, the claim's time and its lease's end (``CLAIM_ROW`` writes the time twice).
 _CLAIM_ARGUMENTS = ("text",) * 7 + ("timestamptz",) * 2
 _CLAIM_ROW_ARGUMENTS = (1, 2, 3, 4, 5, 6, 7, 8, 8, 9)
-#: What a claim reads back, in the order of ``RECORD_COLUMNS`` after a first ``claimed`` flag.
-_CLAIM_RESULT = (
-    "claimed boolean, tool_name text, args_digest varchar, status varchar, result text, owner text, "
-    "attempt integer, created_at timestamptz, updated_at timestamptz, lease_expires_at timestamptz, "
-    "expires_at timestamptz"
-)
-
-
-def _numbered(text: str, numbers: tuple[int, ...]) -> str:
-    """``text`` with its ``?`` placeholders, in order, as the positional parameters ``$n`` of ``numbers``."""
-    parts = text.split("?")
-    numbered = [f"{part}${n}" for part, n in zip(parts, numbers, strict=False)]
-    if len(numbered) != len(parts) - 1:
-        raise ValueError("as many numbers as placeholders")
-    return "".join(numbered) + parts[-1]
 
 
 class PostgresOperations(Operations):
@@ -556,34 +654,32 @@ class PostgresOperations(Operations):
         super().__init__(table, _SQL_DIALECT, ttl)
         self.claim_function = claim_function
         arguments = ", ".join(["?"] * len(_CLAIM_ARGUMENTS))
-        # A live record is read by its key alone: a replay reads, writes and locks nothing.
-        # Only when there is none does the LIMIT let the second branch run, the function
-        # whose INSERT claims the key or replaces a record whose ttl ran out (a function:
-        # an INSERT in the statement itself is set up on every run, a replay's too). When
-        # another worker's INSERT commits after this statement's snapshot, neither branch
-        # returns a row: the claim runs again and then sees it. The function is parallel
-        # unsafe (the default), so the branches never run out of order.
+        columns = ", ".join(f"t.{column}" for column in RECORD_COLUMNS.split(", "))
+        # One row, always: the live record of the key, joined to nothing, so a replay reads
+        # it by its key and writes, locks and calls nothing. Only when there is none does
+        # the CASE call the function, whose INSERT claims the key or replaces a record whose
+        # ttl ran out, and says whether it did. (A function: an INSERT in the statement
+        # itself is set up on every run, a replay's too; a scalar one: a set-returning
+        # function's scan is set up on every run too, and materialises its row on a miss.)
+        # When another worker's INSERT commits after this statement's snapshot, the row
+        # has no record and no claim: the claim runs again and then sees it.
         self._claim = self.sql(
-            f"SELECT false, {RECORD_COLUMNS} FROM {table} "
-            "WHERE call_key = ? AND (expires_at IS NULL OR expires_at > ?) "
-            f"UNION ALL SELECT * FROM {claim_function}({arguments}) LIMIT 1"
+            f"SELECT CASE WHEN t.call_key IS NULL THEN {claim_function}({arguments}) ELSE false END, {columns} "
+            f"FROM (SELECT) AS one LEFT JOIN {table} AS t "
+            "ON t.call_key = ? AND (t.expires_at IS NULL OR t.expires_at > ?)"
         )
 
     def claim_function_ddl(self) -> str:
         """The claim's write, a PL/pgSQL function: plain SQL would plan its INSERT on every call."""
-        nulls = ", ".join(f"NULL::{column.split()[1]}" for column in _CLAIM_RESULT.split(", ")[1:])
-        row = _numbered(CLAIM_ROW, _CLAIM_ROW_ARGUMENTS)
-        upsert = _numbered(self.upsert_tail, (8,))
+        row = numbered(CLAIM_ROW, _CLAIM_ROW_ARGUMENTS)
+        upsert = numbered(self.upsert_tail, (8,))
         return (
             f"CREATE OR REPLACE FUNCTION {self.claim_function}({', '.join(_CLAIM_ARGUMENTS)}) "
-            f"RETURNS TABLE ({_CLAIM_RESULT}) LANGUAGE plpgsql AS $claim$\n"
-            "#variable_conflict use_column\n"
+            "RETURNS boolean LANGUAGE plpgsql AS $claim$\n"
             "BEGIN\n"
             f"    INSERT INTO {self.table} AS t ({INSERT_COLUMNS}) VALUES ({row})\n"
             f"        {upsert};\n"
-            "    IF FOUND THEN\n"
-            f"        RETURN QUERY SELECT true, {nulls};\n"
-            "    END IF;\n"
+            "    RETURN FOUND;\n"
             "END\n"
             "$claim$"
         )
@@ -592,13 +688,14 @@ class PostgresOperations(Operations):
         params = self.claim_params(record)
 
         def read(rows: Any, count: int) -> ClaimResult | Step:
-            if not rows:
-                return step  # a concurrent claim committed after our snapshot: look again
             row = rows[0]
-            return ClaimResult(record, True) if row[0] else ClaimResult(self.record(record.key, row[1:]), False)
+            if row[0]:
+                return ClaimResult(record, True)
+            if row[1] is None:  # no record (tool_name is never NULL in one), and no claim
+                return step  # a concurrent claim committed after our snapshot: look again
+            return ClaimResult(self.record(record.key, row[1:]), False)
 
-        now = params[7]
-        step = Step(self._claim, (params[0], now, *params[:8], params[9]), read)
+        step = Step(self._claim, (*params[:8], params[9], params[0], params[7]), read)
         return step
 
 
@@ -614,7 +711,7 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
 
 
 _SQL_DIALECT = Dialect(
-    placeholder="%s", encode_time=_same, decode_time=_utc, key_in_list="call_key = ANY(%s)", encode_keys=_same
+    placeholder="$", encode_time=_same, decode_time=_utc, key_in_list="call_key = ANY(?)", encode_keys=_same
 )
 
 #: A connection a pool gave out: the connection, its cursor, and what a shared engine's pool needs back
@@ -632,18 +729,33 @@ def _idle(conn: Any) -> bool:
 class _Idle(IdleConnections[Held]):
     """Idle connections (``IdleConnections``), and whether one coming back is fit to keep.
 
-    What the sync and the async pool share: taking and returning never waits, so a
-    call on the hot path pays a list pop, an append and one zero-timeout poll.
+    What the sync and the async pools share: taking and returning never waits, so a
+    call on the hot path pays a list pop, an append and one zero-timeout poll. The
+    checks are psycopg's; ``_AsyncpgPool`` has asyncpg's.
     """
 
     __slots__ = ()
 
+    @staticmethod
+    def usable(conn: Any) -> bool:
+        """Fit to hand out: idle, and the server has not hung up on it."""
+        return _usable(conn)
+
+    @staticmethod
+    def idle(conn: Any) -> bool:
+        """Fit to keep once given back: open and outside a transaction."""
+        return _idle(conn)
+
+    @staticmethod
+    def finish(conn: Any) -> None:
+        """Close at once, without waiting on a loop (an async connection too)."""
+        conn.pgconn.finish()
+
     def take(self) -> Held | None:
         while (held := self.pop()) is not None:
-            if _usable(held[0]):
+            if self.usable(held[0]):
                 return held
-            conn = held[0]
-            conn.pgconn.finish()  # dead since a server restart (or cut): drop it, take the next
+            self.finish(held[0])  # dead since a server restart (or cut): drop it, take the next
         return None
 
     def give_back(self, held: Held) -> None:
@@ -651,22 +763,22 @@ class _Idle(IdleConnections[Held]):
         conn, _, shared = held
         if shared is not None:  # a shared engine's: back to its own pool, as it was given
             fairy, restore = shared
-            if not _idle(conn):
+            if not self.idle(conn):
                 fairy.invalidate()  # never hand a broken connection out again
                 return
             if restore:
                 conn.autocommit = False
             fairy.close()
-        elif not _idle(conn):
-            conn.pgconn.finish()  # closes without waiting on a loop (an async one too)
+        elif not self.idle(conn):
+            self.finish(conn)
         else:
             for closed in self.keep(held):
-                closed[0].pgconn.finish()
+                self.finish(closed[0])
 
     def close_all(self) -> None:
         for held in self.close():
             conn = held[0]  # held by a name: a temporary would be freed (and warn) before finish()
-            conn.pgconn.finish()
+            self.finish(conn)
 
 
 def _no_free_connection(size: int) -> TimeoutError:
@@ -738,12 +850,94 @@ class _AsyncPool(_Idle):
             self._slots.release()
 
 
+class _AsyncpgPool(_AsyncPool):
+    """``_AsyncPool`` for asyncpg's connections: the same pool, asyncpg's checks.
+
+    An asyncpg connection closes through its event loop, not on its own as a libpq handle
+    does, so the pool closes its connections on their loop: when the loop shuts down
+    (``asyncio.run`` and asyncio's runners finish a loop's async generators before closing
+    it, and the pool keeps one suspended for that), or when the ledger closes, from the
+    loop's own thread or handed to it.
+    """
+
+    def __init__(self, connect: Callable[[], Awaitable[Held]], size: int) -> None:
+        super().__init__(connect, size)
+        self._loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        self._shutdown: typing.AsyncGenerator[None, None] | None = None
+
+    @staticmethod
+    def usable(conn: Any) -> bool:
+        # The loop reads every idle connection, so a server's goodbye has mostly closed it already;
+        # one that came while the loop was blocked is still unread on the socket, as for psycopg.
+        # (asyncpg does not publish its transport: without it, only the first check is made.)
+        if conn.is_closed() or conn.is_in_transaction():
+            return False
+        transport = getattr(conn, "_transport", None)
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        try:
+            return sock is None or not _has_input(sock.fileno())
+        except (OSError, ValueError):
+            return False
+
+    @staticmethod
+    def idle(conn: Any) -> bool:
+        return not conn.is_closed() and not conn.is_in_transaction()
+
+    @staticmethod
+    def finish(conn: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # its loop is closed: the socket closes when collected
+            conn.terminate()
+
+    async def get(self) -> Held:
+        if self._shutdown is None and not self.closed:
+            self._loop = weakref.ref(asyncio.get_running_loop())
+            shutdown = _closed_at_shutdown(self)
+            await shutdown.__anext__()  # registered with the loop, and suspended until it shuts down
+            self._shutdown = shutdown
+        return await super().get()
+
+    def close_all(self) -> None:
+        loop = self._loop() if self._loop is not None else None
+        if loop is not None and loop.is_running() and not _runs_here(loop):
+            loop.call_soon_threadsafe(self.close_all)
+            return
+        shutdown, self._shutdown = self._shutdown, None
+        if shutdown is None:
+            self.close_connections()
+            return
+        # Finished here and now (its finally closes the connections), so that it is never handed
+        # to its loop, maybe closed by then, to finish.
+        with contextlib.suppress(StopIteration):
+            shutdown.aclose().send(None)
+
+    def close_connections(self) -> None:
+        super().close_all()
+
+
+async def _closed_at_shutdown(pool: _AsyncpgPool) -> typing.AsyncGenerator[None, None]:
+    """Suspended for the life of the pool's loop; closed, it closes the pool's connections."""
+    try:
+        yield
+    finally:
+        pool._shutdown = None
+        pool.close_connections()
+
+
+def _runs_here(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is the one running in this thread."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
 class _AsyncPostgresLedger(AsyncStoredLedger):
     """``PostgresLedger.aio``: the same steps on psycopg's async connections.
 
     Built from a URL or ``Engine``, it holds a small pool of its own per event loop,
     connecting with the engine's URL (``connect_args`` given to ``create_engine``
     are not seen). Built from an ``AsyncEngine``, it borrows that engine's pool.
+    ``_AsyncpgLedger`` runs the same on asyncpg.
     """
 
     def __init__(self, ledger: PostgresLedger) -> None:
@@ -758,9 +952,10 @@ class _AsyncPostgresLedger(AsyncStoredLedger):
         ledger = self._ledger
         if not ledger._schema_ready:
             await asyncio.to_thread(lambda: ledger.engine)  # the sync engine makes the schema once
-        if ledger._async_engine is not None:
-            async with self._borrowed() as conn:
-                return await self._steps(conn.cursor(), step)
+        borrowed = self._borrowed()
+        if borrowed is not None:
+            async with borrowed as runner:
+                return await self._steps(runner, step)
         pool = self._pool()
         held = await pool.get()
         try:
@@ -790,19 +985,26 @@ class _AsyncPostgresLedger(AsyncStoredLedger):
         loop = asyncio.get_running_loop()
         pool = self._pools.get(loop)
         if pool is None or pool.closed:
-            pool = self._pools[loop] = _AsyncPool(self._connect, self._ledger.pool_size)
+            pool = self._pools[loop] = self._new_pool()
             # When the loop is gone, so is the pool's use: close its connections then
             # (the finalizer's reference keeps the pool alive until it has).
             weakref.finalize(loop, pool.close_all)
         return pool
 
+    def _new_pool(self) -> _AsyncPool:
+        return _AsyncPool(self._connect, self._ledger.pool_size)
+
     async def _connect(self) -> Held:
         cargs, params = self._ledger._connect_args()
         conn = await psycopg.AsyncConnection.connect(*cargs, **params)
-        return conn, conn.cursor(), None
+        return conn, psycopg.AsyncRawCursor(conn), None
+
+    def _borrowed(self) -> AbstractAsyncContextManager[Any] | None:
+        """A cursor on a connection of the application's pool, when the ledger was given one."""
+        return None if self._ledger._async_engine is None else self._from_engine()
 
     @contextlib.asynccontextmanager
-    async def _borrowed(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async def _from_engine(self) -> AsyncIterator[psycopg.AsyncCursor[Any]]:
         """A connection from the application's ``AsyncEngine`` pool, in autocommit while we use it."""
         engine = self._ledger._async_engine
         assert engine is not None
@@ -816,7 +1018,7 @@ class _AsyncPostgresLedger(AsyncStoredLedger):
             if restore:
                 await conn.set_autocommit(True)
             try:
-                yield conn
+                yield psycopg.AsyncRawCursor(conn)
             except psycopg.Error:
                 if conn.closed:
                     restore = False
@@ -834,3 +1036,46 @@ class _AsyncPostgresLedger(AsyncStoredLedger):
     def _forget_parent_connections(self) -> None:
         self._ledger._orphans += self._pools.values()
         self._pools = weakref.WeakKeyDictionary()
+
+
+class _AsyncpgLedger(_AsyncPostgresLedger):
+    """``PostgresLedger.aio`` on asyncpg: the same steps, the same pool of its own per event loop
+    (or the application's ``asyncpg.Pool``), run by asyncpg's prepared-statement cache.
+
+    asyncpg has no socket to cut: each statement's ``timeout`` is the same client-side bound,
+    and a connection whose statement did not end with the server's answer (a timeout, a
+    cancelled caller) is terminated, never used again.
+    """
+
+    async def _steps(self, conn: Any, step: Step) -> Any:
+        cut_after = self._ledger._cut_after
+        try:
+            while True:
+                # A query's rows, or a command's count from its status ("UPDATE 1").
+                if step.statement.startswith("SELECT"):
+                    rows = await conn.fetch(step.statement, *step.params, timeout=cut_after)
+                    step = step.read(rows, len(rows))
+                else:
+                    status = await conn.execute(step.statement, *step.params, timeout=cut_after)
+                    step = step.read(None, int(status.rpartition(" ")[2]))
+                if type(step) is not Step:
+                    return step
+        except asyncpg.PostgresError:
+            raise  # the server answered: the connection is as it was
+        except asyncio.TimeoutError as exc:  # TimeoutError itself from Python 3.11
+            conn.terminate()
+            raise TimeoutError(self._ledger._no_answer()) from exc
+        except BaseException:
+            conn.terminate()
+            raise
+
+    def _new_pool(self) -> _AsyncPool:
+        return _AsyncpgPool(self._connect, self._ledger.pool_size)
+
+    async def _connect(self) -> Held:
+        conn = await asyncpg.connect(**self._ledger._asyncpg_connect_args())
+        return conn, conn, None
+
+    def _borrowed(self) -> AbstractAsyncContextManager[Any] | None:
+        pool = self._ledger._asyncpg_pool
+        return None if pool is None else pool.acquire()

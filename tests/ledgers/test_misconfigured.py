@@ -30,7 +30,7 @@ from replaysafe import (
 )
 from replaysafe.ledgers import Ledger, RetryPolicy
 
-from ..servers import RedisServer, free_port, libpq_url
+from ..servers import RedisServer, free_port, libpq_url, with_driver
 
 ONE_TRY = RetryPolicy(attempts=1)
 
@@ -212,6 +212,25 @@ def test_a_login_the_postgres_server_refuses_fails_closed(postgres_server_url: s
         _fails_closed(ledger, "user or password")
 
 
+@pytest.mark.parametrize("fault", ["missing table", "missing database", "refused login"])
+def test_faults_on_asyncpg_fail_closed_with_the_same_fixes(postgres_url: str, fault: str) -> None:
+    """``.aio`` on asyncpg, reaching the server before the sync side made anything (create_schema=False):
+    asyncpg's errors read as psycopg's do, by SQLSTATE, permanent and with the same fix."""
+    server, schema = _split(postgres_url)
+    parts = urllib.parse.urlsplit(server)
+    host, suffix = parts.netloc.rpartition("@")[2], uuid.uuid4().hex[:8]
+    url, words = {
+        "missing table": (server, ("create_schema=True", "ddl()")),
+        "missing database": (urllib.parse.urlunsplit(parts._replace(path=f"/rs_missing_{suffix}")), ("create it",)),
+        "refused login": (
+            urllib.parse.urlunsplit(parts._replace(netloc=f"rs_no_such_role_{suffix}@{host}")),
+            ("user or password",),
+        ),
+    }[fault]
+    with PostgresLedger(with_driver(url, "asyncpg"), schema=schema, create_schema=False, retry=ONE_TRY) as ledger:
+        _fails_closed(ledger, *words)
+
+
 def test_a_login_the_redis_server_refuses_fails_closed(redis_server_url: str) -> None:
     parts = urllib.parse.urlsplit(redis_server_url)
     host = parts.netloc.rpartition("@")[2]
@@ -283,8 +302,10 @@ def test_check_fails_on_a_table_it_may_not_write(role_without_create: str, postg
         conn.execute(f"REVOKE ALL ON SCHEMA {schema} FROM {role}")
 
 
-async def test_acheck_reports_an_unreachable_server_as_transient() -> None:
-    ledger = RedisLedger(f"redis://127.0.0.1:{free_port()}/0", retry=ONE_TRY)
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:{}/0", "postgresql+asyncpg://root@127.0.0.1:{}/test"])
+async def test_acheck_reports_an_unreachable_server_as_transient(url: str) -> None:
+    ledger = open_ledger(url.format(free_port()), retry=ONE_TRY, create_schema=False) if "postgres" in url else (
+        RedisLedger(url.format(free_port()), retry=ONE_TRY))  # fmt: skip
     with pytest.raises(LedgerError, match="check failed at claim") as raised:
         await ledger.acheck()
     assert raised.value.transient

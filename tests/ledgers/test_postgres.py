@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import sqlite3
 import subprocess
@@ -11,7 +12,9 @@ import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import psycopg
 import pytest
 import sqlalchemy as sa
@@ -22,7 +25,7 @@ from replaysafe import CallKey, LedgerError, PostgresLedger, SqliteLedger, Statu
 from replaysafe.ledgers._sql import Step
 from replaysafe.ledgers.postgres import _psycopg_url
 
-from ..servers import libpq_url
+from ..servers import libpq_url, with_driver
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
 LEASE = NOW + dt.timedelta(minutes=5)
@@ -221,13 +224,34 @@ def test_ddl_applied_by_hand_with_create_schema_off(postgres_url: str) -> None:
     statements = ledger.ddl()
     assert statements[0] == f"CREATE SCHEMA IF NOT EXISTS {schema}"
     assert any("PRIMARY KEY (call_key)" in s for s in statements)
-    assert statements[-1].startswith(f"CREATE OR REPLACE FUNCTION {schema}.tool_executions_claim(")
+    assert statements[-1].startswith(f"CREATE OR REPLACE FUNCTION {schema}.tool_executions_try_claim(")
     with psycopg.connect(libpq_url(server), autocommit=True) as conn:
         for statement in statements:
             conn.execute(statement)  # type: ignore[call-overload]
     with ledger:
         assert claim(ledger, CallKey("t", "m", "c"))
         assert not claim(ledger, CallKey("t", "m", "c"))  # a replay reads the record
+
+
+def test_a_replay_reads_its_record_and_locks_or_writes_nothing(postgres_url: str) -> None:
+    """A replay's claim finds the live record and never reaches the claim function: an ``INSERT ... ON
+    CONFLICT DO UPDATE`` that skips a live row still locks it (its ``xmax``), a write on every replay."""
+    server, schema = _split(postgres_url)
+    key = CallKey("t", "m", "c")
+    version = psycopg.sql.SQL("SELECT xmin::text, xmax::text FROM {} WHERE thread_id = 't'").format(
+        psycopg.sql.Identifier(schema, "tool_executions")
+    )
+    with PostgresLedger(server, schema=schema) as ledger, psycopg.connect(libpq_url(server)) as conn:
+        assert claim(ledger, key)
+        assert ledger.complete(key, owner="o#1", status=Status.COMPLETED, result="r", now=NOW)
+        before = conn.execute(version).fetchall()
+        conn.rollback()
+        for _ in range(3):
+            replayed = ledger.claim(key, tool_name="t", args_digest="d", owner="o#2", now=NOW, lease_expires_at=LEASE)
+            assert not replayed.claimed
+            assert (replayed.record.status, replayed.record.owner) == (Status.COMPLETED, "o#1")
+        assert conn.execute(version).fetchall() == before
+        assert before[0][1] == "0"
 
 
 def _table_of_an_earlier_version(server: str, schema: str) -> None:
@@ -245,6 +269,30 @@ def test_a_table_without_its_claim_function_gets_it_with_create_schema(postgres_
     with PostgresLedger(server, schema=schema) as ledger:
         assert claim(ledger, CallKey("t", "m", "c"))
         assert not claim(ledger, CallKey("t", "m", "c"))
+
+
+def test_an_earlier_versions_claim_function_is_left_for_its_workers(postgres_url: str) -> None:
+    """A table made by a version whose function was ``<table>_claim`` (a set-returning one, which
+    ``CREATE OR REPLACE`` cannot turn into this one) gets its own function beside it; the old one is
+    left as it is, for that version's workers still running against the table."""
+    server, schema = _split(postgres_url)
+    _table_of_an_earlier_version(server, schema)
+    old = psycopg.sql.Identifier(schema, "tool_executions_claim")
+    definition = psycopg.sql.SQL("SELECT pg_get_functiondef({}::regproc)").format(
+        psycopg.sql.Literal(f"{schema}.tool_executions_claim")
+    )
+    with psycopg.connect(libpq_url(server), autocommit=True) as conn:
+        conn.execute(
+            psycopg.sql.SQL(
+                "CREATE FUNCTION {}(text, text, text, text, text, text, text, timestamptz, timestamptz) "
+                "RETURNS TABLE (claimed boolean) LANGUAGE sql AS 'SELECT true'"
+            ).format(old)
+        )
+        before = conn.execute(definition).fetchall()
+        with PostgresLedger(server, schema=schema) as ledger:
+            assert claim(ledger, CallKey("t", "m", "c"))
+            assert not claim(ledger, CallKey("t", "m", "c"))
+        assert conn.execute(definition).fetchall() == before
 
 
 def test_a_missing_claim_function_without_create_schema_fails_closed(postgres_url: str) -> None:
@@ -325,6 +373,74 @@ async def test_a_shared_async_engine_is_used_and_left_open(postgres_url: str) ->
         await engine.dispose()
 
 
+async def test_an_applications_asyncpg_pool_is_borrowed_and_left_open(postgres_url: str) -> None:
+    """Given the app's asyncpg pool, .aio borrows its connections, and close() leaves the pool open;
+    sync operations connect with the URL, on psycopg."""
+    server, schema = _split(postgres_url)
+    pool = await asyncpg.create_pool(libpq_url(server), min_size=0, max_size=2)
+    try:
+        async with PostgresLedger(server, schema=schema, asyncpg_pool=pool) as ledger:
+            key = CallKey("t", "m", "c")
+            assert (await ledger.aio.claim(key, tool_name="t", args_digest="d", owner="o", now=NOW,
+                                           lease_expires_at=LEASE)).claimed  # fmt: skip
+            assert pool.get_size() == 1  # the claim's connection, the pool's own
+            assert await ledger.aio.complete(key, owner="o", status=Status.COMPLETED, result="1", now=NOW)
+            stored = ledger.get(key)  # psycopg
+            assert stored is not None and stored.result == "1"
+            replayed = await ledger.aio.claim(key, tool_name="t", args_digest="d", owner="o#2", now=NOW,
+                                              lease_expires_at=LEASE)  # fmt: skip
+            assert not replayed.claimed and replayed.record == stored
+        assert await pool.fetchval("SELECT 1") == 1
+    finally:
+        await pool.close()
+
+
+async def test_a_postgresql_asyncpg_url_runs_aio_on_asyncpg_with_the_urls_settings(postgres_url: str) -> None:
+    """``postgresql+asyncpg://``: .aio on asyncpg, with libpq's ``options`` as session settings (after the
+    ledger's own, so they win), and every time read back as the instant written, in UTC."""
+    url = with_driver(f"{postgres_url}&options=-c%20TimeZone%3DAsia/Kolkata%20-c%20application_name%3Drs", "asyncpg")
+    key = CallKey("t", "m", "c")
+    async with PostgresLedger(url) as ledger:
+        assert (await ledger.aio.claim(key, tool_name="t", args_digest="d", owner="o", now=NOW,
+                                       lease_expires_at=LEASE)).claimed  # fmt: skip
+        names = "current_setting('TimeZone'), current_setting('application_name'), current_setting('statement_timeout')"
+        settings = Step(f"SELECT {names}", (), lambda rows, count: tuple(rows[0]), False)
+        assert await ledger.aio._run(settings) == ("Asia/Kolkata", "rs", "15s")  # type: ignore[attr-defined]
+        replayed = await ledger.aio.claim(key, tool_name="t", args_digest="d", owner="o#2", now=NOW,
+                                          lease_expires_at=LEASE)  # fmt: skip
+        record = replayed.record
+        assert (record.created_at, record.lease_expires_at) == (NOW, LEASE)
+        assert record.created_at.utcoffset() == dt.timedelta(0)
+
+
+def test_asyncpg_connections_close_with_their_event_loop(postgres_url: str) -> None:
+    """An asyncpg connection closes only through its loop: the ledger's close them as the loop shuts
+    down (``asyncio.run``), and close() later finds nothing left open (an unclosed one would warn)."""
+    with PostgresLedger(with_driver(postgres_url, "asyncpg")) as ledger:
+
+        async def use() -> Any:
+            await asyncio.gather(*(ledger.aio.get(CallKey("t", "m", str(n))) for n in range(3)))
+            return ledger.aio._pools[asyncio.get_running_loop()]  # type: ignore[attr-defined]
+
+        pool = asyncio.run(use())
+        assert pool.closed
+        assert len(pool) == 0
+
+
+def test_asyncpg_settings_that_cannot_apply_are_refused(postgres_server_url: str) -> None:
+    """An asyncpg pool beside an AsyncEngine, something else as the pool, and libpq options that are not
+    ``-c name=value`` settings (which asyncpg cannot take) fail at once, not at the first async call."""
+    import sqlalchemy.ext.asyncio as asyncio_ext
+
+    engine = asyncio_ext.create_async_engine(_psycopg_url(postgres_server_url))
+    with pytest.raises(ValueError, match="not both"):
+        PostgresLedger(engine, asyncpg_pool=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"asyncpg\.Pool"):
+        PostgresLedger(postgres_server_url, asyncpg_pool=object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="-c name=value"):
+        PostgresLedger(with_driver(f"{postgres_server_url}?options=-d%205", "asyncpg"))
+
+
 # --- async --------------------------------------------------------------------------------
 
 
@@ -364,15 +480,17 @@ def test_schema_names_are_isolated(postgres_server_url: str) -> None:
 _PREPARED = Step("SELECT statement FROM pg_prepared_statements", (), lambda rows, count: [r[0] for r in rows], False)
 
 
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
 @pytest.mark.parametrize(
     ("url_option", "prepared"), [("", True), ("prepare=false", False), ("prepare=true", True)], ids=str
 )
 async def test_hot_statements_are_prepared_unless_turned_off(
-    postgres_url: str, url_option: str, prepared: bool
+    postgres_url: str, url_option: str, prepared: bool, driver: str
 ) -> None:
     """Claim, complete and replay statements are prepared on the server by default; ``prepare=false``
-    (for a pooler in transaction mode) prepares nothing, not even past psycopg's own threshold."""
-    url = f"{postgres_url}&{url_option}" if url_option else postgres_url
+    (for a pooler in transaction mode) prepares nothing, not even past psycopg's own threshold, and
+    on asyncpg keeps no statement cache (its statements go unnamed)."""
+    url = with_driver(f"{postgres_url}&{url_option}" if url_option else postgres_url, driver)
     async with PostgresLedger(url) as ledger:
         runs: list[str] = []
 
@@ -396,7 +514,8 @@ async def test_hot_statements_are_prepared_unless_turned_off(
         for statements in (ledger.run(_PREPARED), await ledger.aio._run(_PREPARED)):  # type: ignore[attr-defined]
             hot = [s for s in statements if "tool_executions" in s]
             if prepared:
-                assert any(s.startswith("SELECT false") and "_claim(" in s for s in hot)  # the claim, which a replay is
+                # The claim, which a replay is, and complete.
+                assert any(s.startswith("SELECT CASE") and "_try_claim(" in s for s in hot)
                 assert any(s.startswith("UPDATE") and "SET status" in s for s in hot)  # complete
             else:
                 assert hot == []
@@ -484,10 +603,10 @@ def test_pool_size_must_be_a_positive_count(postgres_url: str, size: object) -> 
 
 def test_a_table_name_too_long_for_its_claim_function_is_refused(postgres_server_url: str) -> None:
     """PostgreSQL cuts names at 63 bytes: two tables of 62 and 63 characters would share one claim
-    function (``<table>_claim``) and one ledger's claims would land in the other's table."""
-    longest = "t" * 57
+    function (``<table>_try_claim``) and one ledger's claims would land in the other's table."""
+    longest = "t" * 53
     assert PostgresLedger(postgres_server_url, table=longest, create_schema=False).table.name == longest
-    with pytest.raises(ValueError, match="longer than 57 characters"):
+    with pytest.raises(ValueError, match="longer than 53 characters"):
         PostgresLedger(postgres_server_url, table=longest + "t", create_schema=False)
 
 

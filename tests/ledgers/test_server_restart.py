@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from replaysafe import CallKey, PostgresLedger, RedisLedger, replay_safe, tool_call
 from replaysafe.ledgers import RetryPolicy
 
-from ..servers import PostgresServer, RedisServer
+from ..servers import PostgresServer, RedisServer, with_driver
 
 NO_RETRY = RetryPolicy(attempts=1)
 
@@ -94,10 +94,11 @@ def test_postgres_restart_between_two_calls(postgres_server: PostgresServer, sha
     engine.dispose()
 
 
-async def test_postgres_restart_between_two_async_calls(postgres_server: PostgresServer) -> None:
-    """The same through .aio: the async pool drops the dead connections."""
+@pytest.mark.parametrize("driver", ["psycopg", "asyncpg"])
+async def test_postgres_restart_between_two_async_calls(postgres_server: PostgresServer, driver: str) -> None:
+    """The same through .aio, on either async driver: the async pool drops the dead connections."""
     runs: list[str] = []
-    async with PostgresLedger(postgres_server.url, retry=NO_RETRY) as ledger:
+    async with PostgresLedger(with_driver(postgres_server.url, driver), retry=NO_RETRY) as ledger:
         refund = _atool(ledger, runs)
         async with tool_call("t", "before", "c"):
             await refund("before")

@@ -27,7 +27,7 @@ import pytest
 from replaysafe import LedgerError, PostgresLedger, RedisLedger, Status, replay_safe, tool_call
 from replaysafe.ledgers import Ledger, RetryPolicy
 
-from ..servers import PostgresServer, RedisServer
+from ..servers import PostgresServer, RedisServer, with_driver
 
 #: Seconds after which a call that has not returned counts as hung (the bounds below are 1-2 s).
 GUARD = 90.0
@@ -62,29 +62,31 @@ def frozen(root: int) -> Iterator[None]:
                 os.kill(pid, signal.SIGCONT)
 
 
-@pytest.fixture(scope="module", params=["postgres", "redis"])
-def server(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A throwaway server for this module's tests (each freezes it and lets it go again)."""
+@pytest.fixture(scope="module", params=["postgres", "postgres-asyncpg", "redis"])
+def server(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str]]:
+    """A throwaway server for this module's tests (each freezes it and lets it go again), and its
+    ledger's URL (PostgreSQL's with ``.aio`` on either driver)."""
     try:
-        started: Any = PostgresServer() if request.param == "postgres" else RedisServer()
+        started: Any = RedisServer() if request.param == "redis" else PostgresServer()
     except FileNotFoundError as exc:
         pytest.fail(f"cannot start a throwaway server: {exc}")
     started.start()
-    yield started
+    yield started, with_driver(started.url, "asyncpg") if request.param == "postgres-asyncpg" else started.url
     started.destroy()
 
 
 @pytest.fixture
-def stalled(server: Any) -> Iterator[tuple[Ledger, int]]:
+def stalled(server: tuple[Any, str]) -> Iterator[tuple[Ledger, int]]:
     """A ledger with short timeouts on the throwaway server, warmed up, and the server's pid to freeze."""
+    server, url = server
     if isinstance(server, PostgresServer):
         pid = int((server.data / "postmaster.pid").read_text().split()[0])
         schema = f"rs_{uuid.uuid4().hex[:12]}"
-        ledger: Ledger = PostgresLedger(server.url, schema=schema, **SHORT)  # type: ignore[arg-type]
+        ledger: Ledger = PostgresLedger(url, schema=schema, **SHORT)  # type: ignore[arg-type]
     else:
         assert server._process is not None
         pid = server._process.pid
-        ledger = RedisLedger(server.url, prefix=f"rs-{uuid.uuid4().hex[:12]}", **SHORT)  # type: ignore[arg-type]
+        ledger = RedisLedger(url, prefix=f"rs-{uuid.uuid4().hex[:12]}", **SHORT)  # type: ignore[arg-type]
     ledger.check()  # the table exists and a pooled connection is open before the stall
     yield ledger, pid
     _settle(ledger)
@@ -253,8 +255,9 @@ def silent_port() -> Iterator[int]:
 
 
 def _silent_ledger(backend: str, port: int) -> Ledger:
-    if backend == "postgres":
-        return PostgresLedger(f"postgresql://root@127.0.0.1:{port}/test", **SHORT)  # type: ignore[arg-type]
+    if backend.startswith("postgres"):
+        driver = backend.partition("-")[2] or "psycopg"
+        return PostgresLedger(f"postgresql+{driver}://root@127.0.0.1:{port}/test", **SHORT)  # type: ignore[arg-type]
     return RedisLedger(f"redis://127.0.0.1:{port}/0", **SHORT)  # type: ignore[arg-type]
 
 
@@ -278,7 +281,7 @@ def test_a_silent_listener_fails_a_sync_call_within_the_bound(backend: str, sile
     ledger.close()
 
 
-@pytest.mark.parametrize("backend", ["postgres", "redis"])
+@pytest.mark.parametrize("backend", ["postgres", "postgres-asyncpg", "redis"])
 async def test_a_silent_listener_runs_an_async_call_with_a_warning(
     backend: str, silent_port: int, caplog: pytest.LogCaptureFixture
 ) -> None:
