@@ -47,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "crash-matrix.md")
     args = parser.parse_args(argv)
     drivers = dict(DRIVERS)
-    if args.driver:
-        drivers = {spec.partition("=")[0]: ("", spec.partition("=")[2]) for spec in args.driver}
+    if args.driver:  # a driver of DRIVERS keeps its directory; another must be importable as it is
+        folder_of = {spec: folder for folder, spec in DRIVERS.values()}
+        chosen = [spec.partition("=") for spec in args.driver]
+        drivers = {name: (folder_of.get(spec, ""), spec) for name, _, spec in chosen}
     ledgers = args.ledger or LEDGERS
     # The drivers' directories, importable here and in the kit's child processes.
     folders = [str(ROOT), *(str(ROOT / folder) for folder, _ in drivers.values() if folder)]
