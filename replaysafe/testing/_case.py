@@ -25,6 +25,8 @@ RUN_ENV = "REPLAYSAFE_CRASHTEST_RUN"
 #: Where the crashed run dies (JSON): ``{"key": [thread, message, call], "point": ..., "at": "start"|"effect"}``
 #: for a protected call, ``{"effect": name, "point": "after-return"}`` for an unprotected side effect.
 KILL_ENV = "REPLAYSAFE_CRASHTEST_KILL"
+#: The import path of the process running the crash test (JSON): added to each run's own.
+SYS_PATH_ENV = "REPLAYSAFE_CRASHTEST_SYS_PATH"
 #: The log's file name in the case's directory.
 LOG_NAME = ".replaysafe-crashtest.jsonl"
 

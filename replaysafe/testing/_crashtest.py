@@ -25,7 +25,7 @@ import urllib.parse
 import uuid
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,6 +54,8 @@ _BROKEN = {DUPLICATE, UNPROTECTED, RECORD_IGNORED}
 _UNTESTED = {NOT_REACHED, HUNG, RESUME_FAILED}
 
 _CHILD = "replaysafe.testing._crashtest_child"
+#: How the report names a protected tool that ran unprotected (no ids, no ledger), after the tool's name.
+_RUN_WITHOUT_IDS = " (a protected tool run without ids or ledger)"
 #: The option that gives each case a ledger of its own, by URL scheme (SQLite: a file in the case's directory).
 _NAMESPACES = {"postgresql": "table", "postgres": "table", "redis": "prefix", "rediss": "prefix", "unix": "prefix"}
 
@@ -266,9 +268,13 @@ class _Runner:
         effects: Sequence[str],
         timeout: float,
         cwd: Path,
+        env: Mapping[str, str],
     ) -> None:
         self.entry, self.ledger, self.policy, self.effects = entry, ledger, policy, list(effects)
         self.timeout, self.cwd = timeout, cwd
+        # What every run gets: the caller's variables, and this process's import path (as run_in_child gives
+        # it), so that what imports here imports there too (a test's helper module, a driver).
+        self.env = {**os.environ, **env, _case.SYS_PATH_ENV: json.dumps(sys.path)}
         self.namespace = f"rs_crashtest_{uuid.uuid4().hex[:8]}"
         self._opened: list[str] = []
         self._lock = threading.Lock()
@@ -290,7 +296,7 @@ class _Runner:
         return url
 
     def run(self, folder: Path, run: str, ledger_url: str, kill: dict[str, Any] | None = None) -> _Run:
-        env = {**os.environ, _case.DIR_ENV: str(folder), _case.RUN_ENV: run, LEDGER_URL_ENV: ledger_url}
+        env = {**self.env, _case.DIR_ENV: str(folder), _case.RUN_ENV: run, LEDGER_URL_ENV: ledger_url}
         env.pop(_case.KILL_ENV, None)
         if kill is not None:
             env[_case.KILL_ENV] = json.dumps(kill)
@@ -325,10 +331,9 @@ class _Runner:
                 print(f"replaysafe crashtest: could not remove the records of {url}", file=sys.stderr)
 
 
-def _calls(lines: Iterable[dict[str, Any]]) -> tuple[list[Call], dict[str, int]]:
-    """The protected calls a run made, in the order they were claimed, and its unprotected effects."""
+def _calls(lines: Iterable[dict[str, Any]]) -> list[Call]:
+    """The protected calls a run made, in the order they were claimed."""
     calls: dict[Key, Call] = {}
-    unprotected: Counter[str] = Counter()
     for line in lines:
         kind = line["kind"]
         key = _key(line.get("key"))
@@ -341,18 +346,13 @@ def _calls(lines: Iterable[dict[str, Any]]) -> tuple[list[Call], dict[str, int]]
         elif kind == "event" and line["event"] == "started" and key in calls:
             if INSIDE not in calls[key].points:
                 calls[key].points.append(INSIDE)
-        elif kind == "event" and line["event"] == "unprotected":
-            unprotected[f"{line['tool']} (a protected tool run without ids or ledger)"] += 1
         elif kind == "effect":
-            chain = [_key(k) for k in line["calls"]]
-            if not chain:
-                unprotected[line["name"]] += 1
-            for key_in in chain:
+            for key_in in map(_key, line["calls"]):
                 if key_in in calls:
                     calls[key_in].marks_effects = True
     for call in calls.values():
         call.points.sort(key=POINTS.index)
-    return list(calls.values()), dict(unprotected)
+    return list(calls.values())
 
 
 @dataclasses.dataclass
@@ -381,7 +381,7 @@ def _tally(lines: Iterable[dict[str, Any]]) -> _Tally:
             tally.starts[key] += one
             tally.tool_starts[line["tool"]] += one
         elif line["kind"] == "event" and line["event"] == "unprotected":
-            tally.unprotected[f"{line['tool']} (a protected tool run without ids or ledger)"] += 1
+            tally.unprotected[line["tool"] + _RUN_WITHOUT_IDS] += 1
         elif line["kind"] == "effect":
             tally.effects[line["name"]] += 1
             if not line["calls"]:
@@ -504,13 +504,15 @@ def crashtest(
     case: str | None = None,
     keep: bool = False,
     cwd: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
     progress: Callable[[int, int, int], None] | None = None,
 ) -> CrashReport:
     """Crash-test the agent ``entry`` (``path/to/file.py:function`` or ``package.module:function``).
 
     See ``docs/crashtest.md``. Raises ``CrashTestError`` when it cannot test (exit code 2).
     ``case`` (``"N@point"``, or ``"effect@after-return"``) runs that one case alone and keeps its
-    directory; ``keep`` keeps every case's directory.
+    directory; ``keep`` keeps every case's directory. ``env``: variables added to the environment of
+    every run of the agent.
     """
     started = time.monotonic()
     unknown = sorted(set(points) - set(POINTS))
@@ -520,7 +522,7 @@ def crashtest(
         raise CrashTestError(f"--policy must be rerun or raise, got {policy!r}")
     if jobs < 1 or timeout <= 0:
         raise CrashTestError("--jobs must be 1 or more and --timeout more than 0 seconds")
-    runner = _Runner(entry, ledger, policy, effects, timeout, Path(cwd or Path.cwd()))
+    runner = _Runner(entry, ledger, policy, effects, timeout, Path(cwd or Path.cwd()), env or {})
     if ledger is not None:
         scheme = urllib.parse.urlsplit(ledger).scheme.lower().partition("+")[0]
         if scheme != "sqlite" and scheme not in _NAMESPACES:
@@ -536,14 +538,15 @@ def crashtest(
         first.mkdir()
         discovery = runner.run(first, "discover", runner.ledger_url(first, 0))
         _check_discovery(entry, discovery)
-        calls, unprotected = _calls(discovery.lines)
+        calls, baseline = _calls(discovery.lines), _tally(discovery.lines)
+        unprotected = dict(baseline.unprotected)
         if not calls and not unprotected:
             raise CrashTestError(
                 f"{entry} made no protected tool call and ran no marked side effect, so there is nothing to "
                 "crash-test. Check that its tools are decorated with @replay_safe (or wrapped by an adapter) and "
                 "called with ids, and mark other side effects with @replaysafe.testing.side_effect."
             )
-        report = CrashReport(entry, ledger, policy, calls, unprotected, [], 0.0, timeout, _tally(discovery.lines))
+        report = CrashReport(entry, ledger, policy, calls, unprotected, [], 0.0, timeout, baseline)
         planned = _plan(calls, unprotected, points)
         if case is not None:
             planned = [item for item in planned if item[0] == case]
@@ -619,7 +622,7 @@ def _plan(
             if point in points and point in call.points:
                 planned.append((f"{call.index}@{point}", call, None, point))
     for name in unprotected:  # whatever the points: finding what nobody protected is half the command's use
-        if " (a protected tool" not in name:
+        if not name.endswith(_RUN_WITHOUT_IDS):  # a tool run without ids has no point of its own to kill at
             planned.append((f"{name}@{AFTER_RETURN}", None, name, AFTER_RETURN))
     return planned
 

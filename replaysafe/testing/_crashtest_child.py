@@ -12,6 +12,8 @@ import asyncio
 import functools
 import importlib
 import inspect
+import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -84,6 +86,8 @@ def _count(effect: str, entry: str) -> None:
 
 def main(argv: list[str]) -> int:
     entry, policy, *effects = argv
+    given = json.loads(os.environ.get(_case.SYS_PATH_ENV, "[]"))
+    sys.path.extend(path for path in given if path not in sys.path)  # after this process's own, as it started
     case = _case.current()
     if case is None:
         print("run by replaysafe crashtest only", file=sys.stderr)

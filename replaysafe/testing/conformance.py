@@ -270,22 +270,15 @@ def _crashtest(
     ledger: str | None,
 ) -> CrashReport:
     spec = {"driver": driver, "scenario": scenario.name, "protect": protect, "options": dict(options)}
-    previous = os.environ.get(RUN_ENV)
-    os.environ[RUN_ENV] = json.dumps(spec)  # the children inherit it
-    try:
-        return crashtest(
-            f"{_MODULE}:entry",
-            ledger=ledger,
-            policy=scenario.policy,  # type: ignore[arg-type]
-            case=case,
-            keep=False,
-            timeout=120,
-        )
-    finally:
-        if previous is None:
-            del os.environ[RUN_ENV]
-        else:
-            os.environ[RUN_ENV] = previous
+    return crashtest(
+        f"{_MODULE}:entry",
+        ledger=ledger,
+        policy=scenario.policy,  # type: ignore[arg-type]
+        case=case,
+        keep=False,
+        timeout=120,
+        env={RUN_ENV: json.dumps(spec)},
+    )
 
 
 class ConformanceError(AssertionError):

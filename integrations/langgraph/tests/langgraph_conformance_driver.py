@@ -15,8 +15,8 @@ The scenarios' ``@replay_safe`` options go where the adapter takes them: those o
 (``in_doubt``, ``timeout``, ...) to the middleware or the tool node; a ``key=`` to a ``@replay_safe`` on each
 tool, as the README says to choose a key (the adapter then keys and records the decorated tool's call).
 
-This module is imported by name (``langgraph_conformance_driver``) in the kit's child processes: the tests
-put this folder on ``PYTHONPATH`` (``tests/test_langgraph_conformance.py``). Every case at every kill point::
+This module is imported by name (``langgraph_conformance_driver``) in the kit's child processes, which get
+the import path of the process that runs the kit. Every case at every kill point::
 
     export PYTHONPATH=integrations/langgraph/tests
     python -m replaysafe.testing.conformance langgraph_conformance_driver:DRIVER

@@ -13,9 +13,6 @@ interceptor, checkpointer and resume (``python -m ... langgraph_conformance_driv
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from replaysafe.testing import conformance
@@ -24,13 +21,6 @@ from langgraph_conformance_driver import DRIVER, TOOLNODE_DRIVER
 
 #: The scenarios the ``ToolNode`` graph runs in CI (see above).
 TOOLNODE_SCENARIOS = {"sibling_pending", "steps"}
-
-
-@pytest.fixture(autouse=True)
-def driver_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kit's child processes import the driver by its module name: this folder goes on their PYTHONPATH."""
-    here = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
 
 
 @pytest.mark.parametrize("scenario", conformance.scenarios_for(DRIVER), ids=str)

@@ -12,7 +12,7 @@ once each turn's calls have run; a resume plays the next turn (a turn killed mid
 The session ignores the tools' annotations (``trust_annotations=False``): the kit sets the in-doubt policy
 itself (``--policy``), and a tool without hints would otherwise be ``in_doubt="raise"`` whatever the policy.
 
-The kit imports this module by name in its child processes: the test puts this folder on ``PYTHONPATH``.
+The kit imports this module by name in its child processes, which get the test process's import path.
 """
 
 from __future__ import annotations

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from replaysafe.testing import conformance
@@ -13,13 +10,6 @@ from replaysafe.testing import conformance
 from mcp_conformance import DRIVER
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def driver_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kit's children import the driver by its module name: this folder goes on their ``PYTHONPATH``."""
-    here = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
 
 
 @pytest.mark.parametrize("scenario", conformance.scenarios_for(DRIVER), ids=str)

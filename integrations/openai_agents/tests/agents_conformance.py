@@ -7,7 +7,7 @@ once the turn's tools have run. A run that finds items there continues the conve
 run killed mid-turn left the session before that turn, so its resume asks the model again (the re-planned
 call of ``replan_args`` is that ask).
 
-The kit imports this module by name in its child processes: the test puts this folder on ``PYTHONPATH``.
+The kit imports this module by name in its child processes, which get the test process's import path.
 """
 
 from __future__ import annotations

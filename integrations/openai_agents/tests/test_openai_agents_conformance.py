@@ -3,21 +3,11 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from replaysafe.testing import conformance
 
 from agents_conformance import DRIVER
-
-
-@pytest.fixture(autouse=True)
-def driver_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kit's children import the driver by its module name: this folder goes on their ``PYTHONPATH``."""
-    here = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
 
 
 @pytest.mark.parametrize("scenario", conformance.scenarios_for(DRIVER), ids=str)

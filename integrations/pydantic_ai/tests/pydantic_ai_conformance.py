@@ -7,7 +7,7 @@ kit's, with the ``ReplaySafe`` capability (the control: without it). Its message
 there and continues it (``message_history=``, no new prompt). A run killed mid-turn left the history before
 that turn, so its resume asks the model again: the re-planned call of ``replan_args`` is that ask.
 
-The kit imports this module by name in its child processes: the test puts this folder on ``PYTHONPATH``.
+The kit imports this module by name in its child processes, which get the test process's import path.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ continues: a response saved with its results pending is processed again, as the 
 mid-turn loses the response and its resume asks the model again, which answers with new ids. That is the
 re-plan of ``replan_args`` (``key="args"``), which a loop that saves the response first cannot have.
 
-The kit imports this module by name in its child processes: the test puts this folder on ``PYTHONPATH``.
+The kit imports this module by name in its child processes, which get the test process's import path.
 """
 
 from __future__ import annotations

@@ -8,9 +8,6 @@ that saves only finished turns.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from replaysafe.testing import conformance
@@ -30,13 +27,6 @@ CASES = [
         if scenario.name == "replan_args"
     ),
 ]
-
-
-@pytest.fixture(autouse=True)
-def driver_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kit's children import the driver by its module name: this folder goes on their ``PYTHONPATH``."""
-    here = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
 
 
 @pytest.mark.parametrize(("driver", "scenario"), CASES, ids=[f"{d.lower()}-{s}" for d, s in CASES])

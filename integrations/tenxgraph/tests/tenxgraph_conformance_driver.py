@@ -16,9 +16,8 @@ A call that replaysafe refuses to run again (in doubt under ``in_doubt="raise"``
 ``interrupt()`` (reason ``replaysafe_refused``) rather than raising: the run ends there, paused for an operator,
 and the refused tool has not run again.
 
-This module is imported by name (``tenxgraph_conformance_driver``) in the kit's child processes: the tests put
-this folder on ``PYTHONPATH`` (``tests/test_tenxgraph_conformance.py``). Every case at every kill point, from
-``integrations/tenxgraph``::
+This module is imported by name (``tenxgraph_conformance_driver``) in the kit's child processes, which get the
+import path of the process that runs the kit. Every case at every kill point, from ``integrations/tenxgraph``::
 
     PYTHONPATH=tests .venv312/bin/python -m replaysafe.testing.conformance tenxgraph_conformance_driver:DRIVER
 """

@@ -7,21 +7,11 @@ CI runs each scenario's key case; every case at every kill point, from ``integra
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from replaysafe.testing import conformance
 
 from tenxgraph_conformance_driver import DRIVER
-
-
-@pytest.fixture(autouse=True)
-def driver_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The kit's child processes import the driver by its module name: this folder goes on their PYTHONPATH."""
-    here = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
 
 
 @pytest.mark.parametrize("scenario", conformance.scenarios_for(DRIVER), ids=str)
