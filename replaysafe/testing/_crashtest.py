@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from .._constants import LEDGER_URL_ENV
 from .._crash_points import AFTER_RECORD, AFTER_RETURN, BEFORE, INSIDE, POINTS
-from . import _case
+from . import _case, _forkserver
 
 Policy = Literal["rerun", "raise"]
 
@@ -275,6 +275,10 @@ class _Runner:
         # What every run gets: the caller's variables, and this process's import path (as run_in_child gives
         # it), so that what imports here imports there too (a test's helper module, a driver).
         self.env = {**os.environ, **env, _case.SYS_PATH_ENV: json.dumps(sys.path)}
+        # The runs of one agent, from one place, fork from one server (_forkserver) this process keeps; it
+        # imports under this process's environment (the variables of ``env`` reach each run, not that import).
+        self.server_key = (sys.executable, str(cwd), tuple(sys.path), entry)
+        self.server_env = {**os.environ, _case.SYS_PATH_ENV: self.env[_case.SYS_PATH_ENV]}
         self.namespace = f"rs_crashtest_{uuid.uuid4().hex[:8]}"
         self._opened: list[str] = []
         self._lock = threading.Lock()
@@ -301,19 +305,39 @@ class _Runner:
         if kill is not None:
             env[_case.KILL_ENV] = json.dumps(kill)
         output = folder / f".replaysafe-crashtest-{run}.out"
-        command = [sys.executable, "-m", _CHILD, self.entry, self.policy or "-", *self.effects]
-        with output.open("wb") as sink:
-            child = subprocess.Popen(
-                command, cwd=self.cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        argv = [self.entry, self.policy or "-", *self.effects]
+        server = _forkserver.server_for(self.server_key, None, self.server_env, self.cwd)
+        code: int | None
+        if server is not None:
             try:
-                code: int | None = child.wait(self.timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)  # it and anything it started
-                child.wait()
-                code = None
+                code = server.run(argv, env, self.cwd, output, self.timeout)
+            except OSError as exc:
+                raise CrashTestError(
+                    f"the process that starts the runs of {self.entry} ended ({exc}); run the crash test again, "
+                    f"or with {_forkserver.FORK_ENV}=0 to start each run as a new interpreter"
+                ) from exc
+        else:
+            with output.open("wb") as sink:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", _CHILD, *argv],
+                    cwd=self.cwd,
+                    env=env,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                try:
+                    code = child.wait(self.timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.pid, signal.SIGKILL)  # it and anything it started
+                    child.wait()
+                    code = None
         log = folder / _case.LOG_NAME
         lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
+        if run == "discover":
+            modules = next((line["names"] for line in lines if line["kind"] == "modules"), None)
+            if modules is not None:  # a server for the runs to come, importing what this one imported
+                _forkserver.server_for(self.server_key, modules, self.server_env, self.cwd)
         return _Run([line for line in lines if line["run"] == run], code, output.read_text(errors="replace"))
 
     def clean(self) -> None:

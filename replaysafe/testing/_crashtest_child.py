@@ -15,6 +15,7 @@ import inspect
 import json
 import os
 import sys
+import sysconfig
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -61,6 +62,27 @@ def load(spec: str) -> Callable[..., Any]:
     if not callable(target):
         raise ImportError(f"{spec} is not a function")
     return target  # type: ignore[no-any-return]
+
+
+def _installed_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths[name] for name in ("stdlib", "platstdlib", "purelib", "platlib") if name in paths}
+    return tuple(sorted(os.path.join(os.path.realpath(root), "") for root in roots))
+
+
+def installed_modules() -> list[str]:
+    """The modules this process has imported from the standard library and installed packages, in the
+    order they were imported: what a server can import ahead of a run. Code of the project itself
+    (anything not installed, editable installs included) is left to each run."""
+    roots = _installed_roots()
+    names = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if name == "__main__" or not isinstance(file, str):
+            continue
+        if os.path.realpath(file).startswith(roots):
+            names.append(name)
+    return names
 
 
 def _count(effect: str, entry: str) -> None:
@@ -125,6 +147,9 @@ def main(argv: list[str]) -> int:
             return _failed(case, exc)
     except BaseException as exc:
         return _failed(case, exc)
+    finally:
+        if case.run == "discover":  # what the later runs can have imported ahead (_forkserver)
+            case.note("modules", names=installed_modules())
     case.note("outcome", ok=True, found=True)
     return 0
 
