@@ -1,5 +1,6 @@
 """An agent for the fork server's tests (tests/test_crashtest_forkserver.py): it notes, in its case's
-directory, whether a module it imports was already imported when its own file was loaded."""
+directory, whether a module it imports was already imported when its own file was loaded, and a string's
+hash (which differs between processes with other hash seeds)."""
 
 from __future__ import annotations
 
@@ -17,5 +18,7 @@ from crashtest_agents import protected  # noqa: E402
 
 def main() -> None:
     run = os.environ["REPLAYSAFE_CRASHTEST_RUN"]
-    Path(os.environ["REPLAYSAFE_CRASHTEST_DIR"], f"imported-ahead-{run}").write_text(str(IMPORTED_AHEAD))
+    folder = Path(os.environ["REPLAYSAFE_CRASHTEST_DIR"])
+    (folder / f"imported-ahead-{run}").write_text(str(IMPORTED_AHEAD))
+    (folder / f"hash-{run}").write_text(str(hash("replaysafe")))  # differs between processes' hash seeds
     protected()

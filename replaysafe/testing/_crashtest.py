@@ -275,9 +275,11 @@ class _Runner:
         # What every run gets: the caller's variables, and this process's import path (as run_in_child gives
         # it), so that what imports here imports there too (a test's helper module, a driver).
         self.env = {**os.environ, **env, _case.SYS_PATH_ENV: json.dumps(sys.path)}
-        # The runs of one agent, from one place, fork from one server (_forkserver) this process keeps; it
-        # imports under this process's environment (the variables of ``env`` reach each run, not that import).
+        # The runs of one agent, from one place, fork from servers (_forkserver) this process keeps; they
+        # import under this process's environment (the variables of ``env`` reach each run, not that import).
         self.server_key = (sys.executable, str(cwd), tuple(sys.path), entry)
+        #: What the discovery run imported from installed code: what the servers import ahead.
+        self.modules: list[str] | None = None
         self.server_env = {**os.environ, _case.SYS_PATH_ENV: self.env[_case.SYS_PATH_ENV]}
         self.namespace = f"rs_crashtest_{uuid.uuid4().hex[:8]}"
         self._opened: list[str] = []
@@ -306,7 +308,10 @@ class _Runner:
             env[_case.KILL_ENV] = json.dumps(kill)
         output = folder / f".replaysafe-crashtest-{run}.out"
         argv = [self.entry, self.policy or "-", *self.effects]
-        server = _forkserver.server_for(self.server_key, None, self.server_env, self.cwd)
+        # Resumes fork from a server of their own: a resumed process has another hash seed than the one that
+        # crashed (as after a real crash), so an agent whose ids hang on the order of a set is still caught.
+        role = "resume" if run == "resume" else "first"
+        server = _forkserver.server_for((*self.server_key, role), self.modules, self.server_env, self.cwd)
         code: int | None
         if server is not None:
             try:
@@ -335,9 +340,7 @@ class _Runner:
         log = folder / _case.LOG_NAME
         lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
         if run == "discover":
-            modules = next((line["names"] for line in lines if line["kind"] == "modules"), None)
-            if modules is not None:  # a server for the runs to come, importing what this one imported
-                _forkserver.server_for(self.server_key, modules, self.server_env, self.cwd)
+            self.modules = next((line["names"] for line in lines if line["kind"] == "modules"), None)
         return _Run([line for line in lines if line["run"] == run], code, output.read_text(errors="replace"))
 
     def clean(self) -> None:

@@ -8,10 +8,11 @@ environment, directory and output, SIGKILLed for real at its point and resumed b
 Only the import of installed code is shared; the agent's own modules, its state and its ledger are not
 (nothing of the agent runs in the server).
 
-The server serves one ``crashtest`` process: JSON lines on its stdin ask for runs; JSON lines on its
-stdout answer with each run's pid, then with its exit code once the server has reaped it. A server that
-cannot fork safely (a preloaded module started a thread) says so and is not used. ``REPLAYSAFE_CRASHTEST_FORK=0``
-turns the server off: every run is then a new interpreter.
+The crashed runs and the resumes fork from two servers, so that a resume has another hash seed than
+the run it follows, as after a real crash. A server serves one ``crashtest`` process: JSON lines on its
+stdin ask for runs; JSON lines on its stdout answer with each run's pid, then with its exit code once the
+server has reaped it. A server that cannot fork safely (a preloaded module started a thread) says so and
+is not used. ``REPLAYSAFE_CRASHTEST_FORK=0`` turns the servers off: every run is then a new interpreter.
 """
 
 from __future__ import annotations
