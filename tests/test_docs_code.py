@@ -15,10 +15,10 @@ A block's info string says what happens to it:
 - ``sh`` / ``bash`` / ``console``: runs in ``bash -eu``, in an empty directory, with this environment's
   ``bin`` first on PATH (so ``replaysafe`` is the CLI of this checkout), and a second time there too.
 - ``<language> notest``: shown, not run (a signature, an output sample, a fragment, a command that takes
-  longer than a test may). Any language other than the ones above must say ``notest``. The 10xGraph
-  adapter's example says ``notest`` here because 10xGraph needs Python 3.12: its own suite runs it
-  (``integrations/tenxgraph/tests/test_tenxgraph_readme.py``, with this module's functions, under
-  ``integrations/tenxgraph/run-tests``) as far as it goes without servers and a model.
+  longer than a test may). Any language other than the ones above must say ``notest``. The example of
+  an adapter of ``integrations/isolated.toml`` (10xGraph needs Python 3.12; others' frameworks conflict
+  with this environment's) says ``notest`` here: its own suite runs it, with this module's functions,
+  under ``integrations/run-isolated`` (e.g. ``integrations/tenxgraph/tests/test_tenxgraph_readme.py``).
 
 Every ``pip install`` line, in any block (``notest`` included) or inline code, is checked against this
 checkout: a local path holds a project with the extras named, a ``replaysafe*`` name is one of the
@@ -480,10 +480,19 @@ def only_installed_by(line: str) -> str:
     return f"ALLOWED = {sorted(installed_by(line))!r}\nCHECKOUT = {checkout!r}\n{ONLY_INSTALLED}"
 
 
+#: The adapters whose framework is not in this environment (integrations/isolated.toml): each one's own suite
+#: runs its README's example, in its own environment (integrations/run-isolated).
+ISOLATED_READMES = {
+    ROOT / "integrations" / name / "README.md"
+    for name in tomllib.loads((ROOT / "integrations" / "isolated.toml").read_text(encoding="utf-8"))
+}
+
+
 def test_every_adapters_example_runs_with_only_what_its_first_install_line_installs() -> None:
-    """test_python_block_runs runs each adapter's README so; 10xGraph's, on Python 3.12 only, its own suite."""
+    """test_python_block_runs runs each adapter's README so; an isolated adapter's own suite runs its own."""
     run_here = {program[0].path for program in PROGRAMS if program[0].path in ADAPTER_READMES}
-    assert run_here | {ROOT / "integrations" / "tenxgraph" / "README.md"} == set(ADAPTER_READMES)
+    assert run_here | ISOLATED_READMES == set(ADAPTER_READMES)
+    assert not run_here & ISOLATED_READMES
 
 
 def test_only_installed_by_hides_what_the_line_does_not_install(tmp_path: Path) -> None:

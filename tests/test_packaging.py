@@ -1,11 +1,13 @@
 """The distributions install as users get them: every sdist and wheel built, installed into a fresh environment.
 
 ``python -m build`` makes each project's sdist and then its wheel from that sdist (so the sdist is complete
-enough to build from). The wheels go into a new virtual environment of Python 3.12 (the newest Python every
-adapter supports, 10xGraph included): this project's distributions from the built files alone (never from an
-index), their dependencies from the configured index. Then each package imports there and the
-``replaysafe`` command runs. A second test runs the README's first command, word for word, in a copy of
-the sources made from the library's sdist: a fresh checkout, as a new user has it.
+enough to build from). The wheels of the library and of every adapter that can share an environment go into a
+new virtual environment of Python 3.12: this project's distributions from the built files alone (never from an
+index), their dependencies from the configured index. (Each adapter of integrations/isolated.toml is installed
+from its wheel into an environment of its own, by integrations/run-isolated, which runs its tests there.)
+Then each package imports there and the ``replaysafe`` command runs. A second test runs the README's first
+command, word for word, in a copy of the sources made from the library's sdist: a fresh checkout, as a new user
+has it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from .test_docs_code import ROOT, SHELL, assert_ran, blocks_of, run_bash
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.xdist_group("packaging")]
 
 PROJECTS = [ROOT, *sorted(path.parent for path in ROOT.glob("integrations/*/pyproject.toml"))]
+#: Adapters whose framework cannot share an environment with the others: integrations/run-isolated installs
+#: each from its built wheel into an environment of its own, beside its framework, and runs `pip check` there.
+ISOLATED = set(tomllib.loads((ROOT / "integrations" / "isolated.toml").read_text(encoding="utf-8")))
+SHARED = [project for project in PROJECTS if project.name not in ISOLATED]
 #: Extras that are tooling for working on a project, not features a user installs.
 TOOLING_EXTRAS = {"test", "lint", "dev", "bench", "docs", "release"}
 
@@ -40,7 +46,7 @@ def project_meta(project: Path) -> dict[str, object]:
 
 
 def python312() -> str:
-    """Python 3.12: pyenv's newest, else a python3.12 on PATH (as integrations/tenxgraph/run-tests finds it)."""
+    """Python 3.12: pyenv's newest, else a python3.12 on PATH (as integrations/run-isolated finds it)."""
     root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     candidates = sorted(root.glob("3.12*/bin/python3.12"), key=lambda p: [int(x) for x in p.parts[-3].split(".")])
     found = str(candidates[-1]) if candidates else shutil.which("python3.12")
@@ -98,11 +104,19 @@ def test_every_project_builds_an_sdist_and_a_wheel_under_its_distribution_name(d
     assert {"pyproject.toml", "README.md", "replaysafe/__init__.py", "replaysafe/py.typed"} <= members
 
 
+def test_every_isolated_adapter_is_a_project_with_its_reason() -> None:
+    names = {project.name for project in PROJECTS}
+    table = tomllib.loads((ROOT / "integrations" / "isolated.toml").read_text(encoding="utf-8"))
+    assert set(table) <= names, f"integrations/isolated.toml names no adapter: {set(table) - names}"
+    assert all(entry["python"] and entry["why"] for entry in table.values()), table
+
+
 def test_the_wheels_install_into_a_fresh_environment_and_import(dist: Path, tmp_path: Path) -> None:
+    """Every project but the isolated adapters, together (those: integrations/run-isolated)."""
     venv = tmp_path / "venv"
     run(python312(), "-m", "venv", str(venv))
     requirements = []
-    for project in PROJECTS:
+    for project in SHARED:
         meta = project_meta(project)
         extras = sorted(set(meta.get("optional-dependencies", {})) - TOOLING_EXTRAS)  # type: ignore[call-overload]
         with_extras = f"{meta['name']}[{','.join(extras)}]" if extras else str(meta["name"])
@@ -111,8 +125,9 @@ def test_the_wheels_install_into_a_fresh_environment_and_import(dist: Path, tmp_
     run(*pip, "--no-index", "--no-deps", *requirements)  # ours from the built files only, never an index
     run(*pip, *requirements, timeout=1800)  # then their dependencies, from the configured index
     run(str(venv / "bin" / "python"), "-m", "pip", "check")
-    packages = sorted({str(p) for _, meta in wheels(dist) for p in meta["packages"]})
-    expected = {"replaysafe", "replaysafe_langgraph", "replaysafe_mcp", "replaysafe_sdk_loops", "replaysafe_tenxgraph"}
+    shared = {str(project_meta(project)["name"]) for project in SHARED}
+    packages = sorted({str(p) for _, meta in wheels(dist) if meta["name"] in shared for p in meta["packages"]})
+    expected = {"replaysafe", "replaysafe_langgraph", "replaysafe_mcp", "replaysafe_sdk_loops"}
     assert expected <= set(packages)
     # A package whose __init__ imports nothing of its own: its modules, each with the SDK it wraps.
     packages += ["replaysafe_sdk_loops.openai", "replaysafe_sdk_loops.anthropic"]
