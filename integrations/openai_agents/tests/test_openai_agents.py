@@ -207,6 +207,29 @@ async def test_a_call_without_an_item_id_warns_with_its_cause_once(ledger: Sqlit
     assert effects(effects_path) == ["refund A1"]
 
 
+async def test_a_tool_whose_calls_lack_ids_is_warned_about_once_not_per_call(
+    ledger: SqliteLedger, effects_path: Path
+) -> None:
+    """The warning is said once per tool: a second call of the same tool, also without an item id, says nothing."""
+
+    def refund_order(order_id: str) -> str:
+        with effects_path.open("a") as file:
+            file.write(f"refund {order_id}\n")
+        return "refunded"
+
+    steps = [
+        ModelStep(output=[function_call("refund_order", {"order_id": order}, call_id=f"call_{n}")], response_id=f"r{n}")
+        for n, order in enumerate(("A1", "B2"), start=1)
+    ]
+    agent: Agent[Any] = Agent(
+        name="plain", model=ScriptedModel([*steps, done_step(2)]), tools=[function_tool(refund_order)]
+    )
+    with pytest.warns(UnprotectedCallWarning) as warned:
+        await Runner.run(replay_safe_agent(agent, ledger, thread_id=THREAD), "go", run_config=RUN_CONFIG)
+    assert len(warned) == 1
+    assert effects(effects_path) == ["refund A1", "refund B2"]
+
+
 def chat_completion(number: int, message: dict[str, Any]) -> dict[str, Any]:
     """A Chat Completions response body, as the API sends it."""
     finish = "tool_calls" if message.get("tool_calls") else "stop"

@@ -193,15 +193,17 @@ def _protect(
     tool_name: str,
     options: Mapping[str, Any],
 ) -> Invoker:
+    # Decorated once per tool, not per call: its once-per-tool warnings (missing ids, no ledger) stay once.
+    protected = None if decorated else replay_safe(name=tool_name, exclude_args=("ctx", "invoke"), **options)(_execute)
+
     @functools.wraps(invoke)  # keeps the SDK's markers (argument preparation, wrapped callable)
     async def invoke_once(ctx: ToolContext[Any], arguments: str) -> Any:
         try:
             async with tool_call(
                 *call_key(ctx, thread_id), ledger=ledger, pauses=pauses, missing_ids_fix=MISSING_IDS_FIX
             ):
-                if decorated:
+                if protected is None:
                     return await invoke(ctx, arguments)
-                protected = replay_safe(name=tool_name, exclude_args=("ctx", "invoke"), **options)(_execute)
                 return await protected(ctx, arguments, invoke)
         except CONTROL_ERRORS as error:
             _surfacing(error)
