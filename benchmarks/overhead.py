@@ -20,7 +20,16 @@ from urllib.parse import quote
 
 import redis
 
-from replaysafe import Ledger, MemoryLedger, PostgresLedger, RedisLedger, SqliteLedger, replay_safe, tool_call
+from replaysafe import (
+    Ledger,
+    MemoryLedger,
+    PostgresLedger,
+    RedisLedger,
+    SqliteLedger,
+    TieredLedger,
+    replay_safe,
+    tool_call,
+)
 
 from . import _subjects as subjects
 from ._env import Scratch, libpq_url
@@ -449,6 +458,44 @@ def redis_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEven
     return Group("redis", blocks, settings.rounds, compare, closers, notes, _redis_round_trips(scratch))
 
 
+#: The tiered ledger against what it is made of, per round: its replays against the Redis ledger's, its first
+#: calls against the PostgreSQL ledger's (labels: ``tiered_<kind>_vs_<ledger>.<mode>``).
+_TIERED_VS_PARTS = [
+    (f"tiered_{kind}_vs_{part}.{mode}", f"ours.{mode}.{kind}", f"{part}.{mode}.{kind}")
+    for kind, part in (("hit", "redis"), ("miss", "postgres"))
+    for mode in ("sync", "async")
+]
+
+
+def tiered_group(settings: Settings, scratch: Scratch, loop: asyncio.AbstractEventLoop) -> Group:
+    """The tiered ledger (PostgreSQL with a Redis cache in front) in the same rounds as a Redis ledger and a
+    PostgreSQL ledger alone, each on a place of its own: its replays are the Redis ledger's kind of call, its
+    first calls the PostgreSQL ledger's (plus the cache's read and write)."""
+    assert scratch.postgres_url is not None
+    assert scratch.redis_url is not None
+    calls = settings.block
+    blocks: dict[str, Block] = {}
+    tiered = TieredLedger(
+        PostgresLedger(scratch.postgres_url, schema=scratch.schema, table="tiered_executions"),
+        cache=RedisLedger(scratch.redis_url, prefix=f"{scratch.prefix}:tiered"),
+    )
+    _ours(blocks, tiered, loop, calls)
+    parts: dict[str, Ledger] = {
+        "redis": RedisLedger(scratch.redis_url, prefix=f"{scratch.prefix}:tiered-redis"),
+        "postgres": PostgresLedger(scratch.postgres_url, schema=scratch.schema, table="tiered_postgres"),
+    }
+    for part, ledger in parts.items():
+        own: dict[str, Block] = {}
+        _ours(own, ledger, loop, calls)
+        blocks.update({config.replace("ours.", f"{part}.", 1): block for config, block in own.items()})
+
+    def close() -> None:
+        for ledger in (tiered, *parts.values()):
+            loop.run_until_complete(ledger.aclose())  # type: ignore[attr-defined]
+
+    return Group("tiered", blocks, settings.rounds, list(_TIERED_VS_PARTS), [close], [])
+
+
 def _round_trips(
     url: str, ours: Callable[[str], Ledger], floor: Callable[[str], subjects.Floor], floor_name: Callable[[str], str]
 ) -> dict[str, int]:
@@ -531,6 +578,7 @@ def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dic
         ("sqlite", sqlite_group, True),
         ("postgres", postgres_group, scratch.postgres_url is not None),
         ("redis", redis_group, scratch.redis_url is not None),
+        ("tiered", tiered_group, scratch.postgres_url is not None and scratch.redis_url is not None),
     ]
     overhead: dict[str, Any] = {}
     floor: dict[str, Any] = {}

@@ -33,6 +33,8 @@ POSTGRES_FLOOR = 1.2
 FASTER_THAN_POWERTOOLS = {"miss": 1.3, "hit": 3.0}
 THREADS_KEEP = 1.0
 TENXGRAPH = 0.7
+#: The tiered ledger: its replay against the Redis ledger's, its first call against the PostgreSQL ledger's.
+TIERED = {"hit": ("redis", "the Redis ledger", 1.2), "miss": ("postgres", "the PostgreSQL ledger", 1.1)}
 CALL = {"miss": "first call", "hit": "replay"}
 
 
@@ -79,6 +81,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             add(f"PostgreSQL {CALL[kind]} / raw {floor_name} ({mode})",
                 _get(floor, "postgres", f"{mode}.{kind}", "ratio"), f"<= {POSTGRES_FLOOR:g}x", "x",
                 at_most(POSTGRES_FLOOR))  # fmt: skip
+    for kind, (part, name, goal) in TIERED.items():
+        for mode in ("sync", "async"):
+            add(f"tiered (PostgreSQL + Redis cache) {CALL[kind]} / {name}'s ({mode})",
+                _get(floor, "tiered", f"tiered_{kind}_vs_{part}.{mode}", "ratio"), f"<= {goal:g}x", "x",
+                at_most(goal))  # fmt: skip
     for kind, goal in FASTER_THAN_POWERTOOLS.items():
         stats = _get(results, "alternative", "redis", f"powertools.{kind}", "ratio")
         add(f"faster than Powertools on the same Redis, per {CALL[kind]}", _inverted(stats) if stats else None,

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .ledgers.postgres import PostgresLedger
     from .ledgers.redis import RedisLedger
     from .ledgers.sqlite import SqliteLedger
+    from .ledgers.tiered import TieredLedger
 
 __all__ = [
     "ArgumentDigestError",
@@ -74,6 +75,7 @@ __all__ = [
     "SqliteLedger",
     "Status",
     "TamperedRecordError",
+    "TieredLedger",
     "ToolTimeoutError",
     "UnprotectedCallWarning",
     "current_call",
@@ -111,7 +113,7 @@ def __getattr__(name: str) -> object:
 
         return version(_DISTRIBUTION)
     # SQLAlchemy, psycopg and redis are imported only when their ledger is first used.
-    if name in ("PostgresLedger", "RedisLedger", "SqliteLedger"):
+    if name in ("PostgresLedger", "RedisLedger", "SqliteLedger", "TieredLedger"):
         from . import ledgers
 
         return getattr(ledgers, name)

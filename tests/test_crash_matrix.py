@@ -27,11 +27,14 @@ from replaysafe import (
     CallInfo,
     CallKey,
     Ledger,
+    TieredLedger,
     current_call,
     open_ledger,
     replay_safe,
     tool_call,
 )
+
+from . import servers
 
 CHILD = str(Path(__file__).with_name("child.py"))
 DOC = Path(__file__).parents[1] / "docs" / "crash-matrix.md"
@@ -157,3 +160,11 @@ def main(urls: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+def test_crash_matrix_on_the_tiered_ledger(postgres_url: str, redis_url: str, tmp_path: Path) -> None:
+    """The same matrix on PostgreSQL with a Redis cache in front (``TieredLedger``): the cache changes no row."""
+    url = servers.with_query(postgres_url, cache=redis_url)
+    with open_ledger(url) as ledger:
+        assert isinstance(ledger, TieredLedger)
+        assert measure(ledger, url, tmp_path) == DOC.read_text()

@@ -7,6 +7,7 @@ another: the verdicts below are what those processes did, counted from their log
 from __future__ import annotations
 
 import json
+import urllib.parse
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -14,6 +15,9 @@ import pytest
 
 from replaysafe._cli import main
 from replaysafe.testing import CrashReport, CrashTestError, crashtest
+from replaysafe.testing._crashtest import _namespaced
+
+from . import servers
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = "tests/crashtest_agents.py"
@@ -140,12 +144,21 @@ def test_an_unusable_ledger_is_refused_before_any_run() -> None:
         run("protected", ledger="redis://127.0.0.1:1/0?connect_timeout=1")
 
 
-@pytest.mark.parametrize("ledger", ["postgres", "redis"])
+@pytest.mark.parametrize("ledger", ["postgres", "redis", "tiered"])
 def test_a_server_ledger_gives_each_case_its_own_namespace(ledger: str, postgres_url: str, redis_url: str) -> None:
     """Both refunds' cases share a server: each case has its own table or key prefix, so none replays another's."""
-    url = postgres_url if ledger == "postgres" else redis_url
-    report = run("protected", points=["after-record"], ledger=url)
+    urls = {"postgres": postgres_url, "redis": redis_url, "tiered": servers.with_query(postgres_url, cache=redis_url)}
+    report = run("protected", points=["after-record"], ledger=urls[ledger])
     assert verdicts(report) == {"1@after-record": (1, "holds"), "2@after-record": (1, "holds")}
+
+
+def test_a_case_on_a_tiered_ledger_gets_a_table_and_a_cache_prefix_of_its_own() -> None:
+    """PostgreSQL with a Redis cache: a cache shared by the cases would answer one case with another's record."""
+    given = servers.with_query("postgresql://root@db/test", cache="redis://cache:6379/0?prefix=app:")
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(_namespaced(given, "case_7")).query))
+    assert query["table"] == "case_7"
+    cache = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(query["cache"]).query))
+    assert cache["prefix"] == "app:case_7:"
 
 
 def test_the_command_writes_junit_and_json(

@@ -11,6 +11,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._options import redact as _redact
 from ._protocol import AsyncLedger, Ledger, LedgerBase, LedgerFault, OffloadedAsyncLedger, RetryPolicy
 from .memory import MemoryLedger
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from .postgres import PostgresLedger
     from .redis import RedisLedger
     from .sqlite import SqliteLedger
+    from .tiered import TieredLedger
 
 __all__ = [
     "AsyncLedger",
@@ -30,12 +32,18 @@ __all__ = [
     "RedisLedger",
     "RetryPolicy",
     "SqliteLedger",
+    "TieredLedger",
     "open_ledger",
     "register_ledger",
 ]
 
 #: Lazily imported backends: class name -> module.
-_BACKENDS = {"SqliteLedger": "sqlite", "PostgresLedger": "postgres", "RedisLedger": "redis"}
+_BACKENDS = {
+    "SqliteLedger": "sqlite",
+    "PostgresLedger": "postgres",
+    "RedisLedger": "redis",
+    "TieredLedger": "tiered",
+}
 
 #: Makes the ledger a URL names: ``factory(url, **options)``.
 LedgerFactory = Callable[..., Ledger]
@@ -80,11 +88,21 @@ def _memory(url: str, **options: Any) -> Ledger:
     return MemoryLedger(**options)
 
 
+def _postgres(url: str, **options: Any) -> Ledger:
+    """A ``PostgresLedger``, or with a ``cache`` option (``?cache=redis://…``) a ``TieredLedger`` in front of one."""
+    query = urllib.parse.parse_qsl(url.partition("?")[2], keep_blank_values=True)
+    if "cache" in options or any(name == "cache" for name, _ in query):
+        # redis-py too, only then: a PostgreSQL ledger alone needs no Redis client installed.
+        ledger: Ledger = importlib.import_module(".tiered", __name__).open_tiered(url, **options)
+        return ledger
+    return _lazy("PostgresLedger")(url, **options)
+
+
 register_ledger("memory", _memory)
+register_ledger("postgres", _postgres)
+register_ledger("postgresql", _postgres)
 for _scheme, _class_name in (
     ("sqlite", "SqliteLedger"),
-    ("postgres", "PostgresLedger"),
-    ("postgresql", "PostgresLedger"),
     ("redis", "RedisLedger"),
     ("rediss", "RedisLedger"),
     ("unix", "RedisLedger"),
@@ -97,7 +115,8 @@ def open_ledger(url: str, **options: Any) -> Ledger:
 
     ``memory://``, ``sqlite:///path/to/file.db``, ``postgresql://user@host/db`` (also
     ``postgresql+psycopg://``) and ``redis://host:6379/0``, and any scheme added with
-    ``register_ledger``. Options go in the query string
+    ``register_ledger``. ``postgresql://…?cache=<redis URL, percent-encoded>`` opens a
+    ``TieredLedger``: PostgreSQL the truth, Redis a cache of finished records in front. Options go in the query string
     (``?table=...&schema=...&prefix=...&ttl=...&connect_timeout=...&io_timeout=...``) or as
     keyword arguments, which win; an option the ledger and its driver do not know is an error.
     """
@@ -146,16 +165,6 @@ def _installed(scheme: str, url: str) -> LedgerFactory | None:
         ) from exc
     register_ledger(scheme, factory, replace=True)
     return factory
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    head, sep, rest = url.partition("://")
-    if "@" in rest:
-        credentials, _, host = rest.rpartition("@")
-        user = credentials.partition(":")[0]
-        return f"{head}{sep}{user}:***@{host}"
-    return url
 
 
 def __getattr__(name: str) -> object:

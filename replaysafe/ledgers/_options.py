@@ -65,3 +65,13 @@ def io_timeouts(connect_timeout: float | None, io_timeout: float | None) -> tupl
         timeout(connect_timeout, "connect_timeout", LEDGER_CONNECT_TIMEOUT),
         timeout(io_timeout, "io_timeout", LEDGER_IO_TIMEOUT),
     )
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    head, sep, rest = url.partition("://")
+    if "@" in rest:
+        credentials, _, host = rest.rpartition("@")
+        user = credentials.partition(":")[0]
+        return f"{head}{sep}{user}:***@{host}"
+    return url

@@ -338,7 +338,84 @@ return deleted
     reads=False,
 )
 
-_SCRIPTS = (_CLAIM, _COMPLETE, _TAKEOVER, _RELEASE, _RENEW, _DELETE, _PURGE)
+# --- the cache of a tiered ledger (``ledgers.tiered``) ----------------------------------------
+#
+# Entries are records in this ledger's format and key layout, so ``get`` and ``purge_thread`` of the
+# cache's ``RedisLedger`` read and remove them. Beside each entry a fill token (``<record key>:fill``)
+# fences the writes: a miss hands one out, an invalidation deletes it, and a write is taken only with
+# the token still there (so a read of the truth that raced an invalidation cannot put back what it
+# removed). The thread index lists entries and tokens alike, each scored by when it expires.
+
+# Keeps the thread index (KEYS[3]) alive as long as a member added until ``until`` (ms; 0: forever), and
+# drops members already expired. ``existed``: whether the index was there before the member was added.
+_KEEP_INDEX = """
+local function keep_index(index, existed, ends, now_ms)
+    redis.call('ZREMRANGEBYSCORE', index, '-inf', now_ms)
+    if ends == 0 then
+        redis.call('PERSIST', index)
+        return
+    end
+    local left = redis.call('PTTL', index)
+    if existed == 0 or (left >= 0 and now_ms + left < ends) then
+        redis.call('PEXPIREAT', index, ends)
+    end
+end
+local function server_ms()
+    local time = redis.call('TIME')
+    return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+"""
+
+# KEYS[1] entry, KEYS[2] fill token, KEYS[3] thread index. ARGV: a new token, the token's life (ms).
+# Returns the entry, or {token}: the token there, else the new one, stored.
+_CACHE_READ = _script(
+    _KEEP_INDEX
+    + """
+local found = redis.call('GET', KEYS[1])
+if found then return found end
+local token = redis.call('GET', KEYS[2])
+if token then return {token} end
+local existed = redis.call('EXISTS', KEYS[3])
+local now_ms = server_ms()
+local ends = now_ms + tonumber(ARGV[2])
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[3], ends, KEYS[2])
+keep_index(KEYS[3], existed, ends, now_ms)
+return {ARGV[1]}
+""",
+    reads=False,
+)
+
+# KEYS[1] entry, KEYS[2] fill token, KEYS[3] thread index. ARGV: the token, the packed record, its attempt,
+# its update time (us), when it expires (ms since the epoch, 0: never), the cache's own ttl (ms, 0: none).
+# Taken only with the token still there, and only over an older version: (attempt, updated) lower.
+_CACHE_FILL = _script(
+    _KEEP_INDEX
+    + """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local old = redis.call('GET', KEYS[1])
+if old then
+    local attempt, updated = string.match(old, '^1 [%a_]+ (%d+) %d+ (%d+) ')
+    if attempt ~= nil then
+        local stored, given = tonumber(attempt), tonumber(ARGV[3])
+        if stored > given or (stored == given and tonumber(updated) >= tonumber(ARGV[4])) then return 0 end
+    end
+end
+local now_ms = server_ms()
+local ends, cap = tonumber(ARGV[5]), tonumber(ARGV[6])
+if cap > 0 and (ends == 0 or ends > now_ms + cap) then ends = now_ms + cap end
+if ends ~= 0 and ends <= now_ms then return 0 end
+local existed = redis.call('EXISTS', KEYS[3])
+redis.call('SET', KEYS[1], ARGV[2])
+if ends ~= 0 then redis.call('PEXPIREAT', KEYS[1], ends) end
+redis.call('ZADD', KEYS[3], ends == 0 and '+inf' or ends, KEYS[1])
+keep_index(KEYS[3], existed, ends, now_ms)
+return 1
+""",
+    reads=False,
+)
+
+_SCRIPTS = (_CLAIM, _COMPLETE, _TAKEOVER, _RELEASE, _RENEW, _DELETE, _PURGE, _CACHE_READ, _CACHE_FILL)
 
 
 # --- keys ------------------------------------------------------------------------------------
@@ -701,6 +778,34 @@ class _Operations:
 
     def delete(self, key: CallKey) -> _Op[bool]:
         return _Op(_is_one, _evalsha(_DELETE, self.keys(key)))
+
+    # the cache of a tiered ledger (see ``_CACHE_READ``)
+
+    def cache_read(self, key: CallKey, token: str, token_ms: int) -> _Op[tuple[Record | None, str | None]]:
+        """The entry of ``key``, or (a miss) the fill token a later ``cache_fill`` must show."""
+        name, index = self.keys(key)
+
+        def parse(reply: Any) -> tuple[Record | None, str | None]:
+            if isinstance(reply, list):
+                return None, _text(reply[0])
+            return _unpack(key, reply), None
+
+        return _Op(parse, _evalsha(_CACHE_READ, (name, f"{name}:fill", index), token, token_ms))
+
+    def cache_fill(self, record: Record, token: str) -> _Op[bool]:
+        """Store finished ``record`` as the entry of its key, if ``token`` still fences it and no newer one is there."""
+        name, index = self.keys(record.key)
+        until = 0 if record.expires_at is None else int(_micros(record.expires_at)) // 1000
+        version = (record.attempt, _micros(record.updated_at))
+        return _Op(
+            _is_one,
+            _evalsha(_CACHE_FILL, (name, f"{name}:fill", index), token, _pack(record), *version, until, self.ttl_ms),
+        )
+
+    def uncache(self, key: CallKey) -> _Op[int]:
+        """Remove the entry of ``key`` and its fill token (a write racing this one is then refused)."""
+        name, index = self.keys(key)
+        return _Op(int, _evalsha(_PURGE, [index, name, f"{name}:fill"]))
 
     # listing and purging, a batch at a time
 

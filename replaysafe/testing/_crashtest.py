@@ -290,13 +290,8 @@ class _Runner:
         server (the case's number after this command's own name: short, and made of ``[a-z0-9_]`` only)."""
         if self.ledger is None or self.ledger.startswith("sqlite:"):
             return f"sqlite:///{folder / 'ledger.db'}"
-        parts = urllib.parse.urlsplit(self.ledger)
-        option = _NAMESPACES[parts.scheme.lower().partition("+")[0]]
-        query = dict(urllib.parse.parse_qsl(parts.query))
         name = f"{self.namespace}_{number}"
-        # On Redis the given prefix stays the start of the case's own; a table is the case's alone.
-        query[option] = f"{query.get(option, '')}{name}:" if option == "prefix" else name
-        url = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+        url = _namespaced(self.ledger, name)
         with self._lock:
             self._opened.append(url)
         return url
@@ -356,6 +351,19 @@ class _Runner:
                         ledger.delete(record.key)
             except Exception:
                 print(f"replaysafe crashtest: could not remove the records of {url}", file=sys.stderr)
+
+
+def _namespaced(ledger: str, name: str) -> str:
+    """``ledger`` with a namespace of the case's own: a table on PostgreSQL, a key prefix on Redis (after the
+    given one), both for PostgreSQL with a Redis cache (``?cache=``)."""
+    parts = urllib.parse.urlsplit(ledger)
+    option = _NAMESPACES[parts.scheme.lower().partition("+")[0]]
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    query[option] = f"{query.get(option, '')}{name}:" if option == "prefix" else name
+    cache = urllib.parse.urlsplit(query.get("cache", "")).scheme.lower()
+    if cache in _NAMESPACES:  # a cache shared by the cases would answer one case with another's records
+        query["cache"] = _namespaced(query["cache"], name)
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
 
 
 def _calls(lines: Iterable[dict[str, Any]]) -> list[Call]:

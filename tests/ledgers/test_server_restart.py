@@ -8,7 +8,6 @@ by a retry hiding a dead connection, nor by running unprotected.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,29 +19,6 @@ from replaysafe.ledgers import RetryPolicy
 from ..servers import PostgresServer, RedisServer, with_driver
 
 NO_RETRY = RetryPolicy(attempts=1)
-
-
-def _server(kind: type[PostgresServer] | type[RedisServer]) -> Any:
-    try:
-        server = kind()
-    except FileNotFoundError as exc:
-        pytest.fail(f"cannot start a throwaway server for the restart test: {exc}")
-    server.start()
-    return server
-
-
-@pytest.fixture
-def postgres_server() -> Iterator[PostgresServer]:
-    server = _server(PostgresServer)
-    yield server
-    server.destroy()
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = _server(RedisServer)
-    yield server
-    server.destroy()
 
 
 def _tool(ledger: Any, runs: list[str]) -> Any:
