@@ -33,10 +33,22 @@ DRIVERS = {
     "LangGraph ToolNode": ("integrations/langgraph/tests", "langgraph_conformance_driver:TOOLNODE_DRIVER"),
     "Pydantic AI": ("integrations/pydantic_ai/tests", "pydantic_ai_conformance:DRIVER"),
     "OpenAI Agents SDK": ("integrations/openai_agents/tests", "agents_conformance:DRIVER"),
+    "LlamaIndex": ("integrations/llamaindex/tests", "llamaindex_conformance:DRIVER"),
 }
-#: 10xGraph needs Python 3.12: its matrix runs in its own environment, from integrations/tenxgraph/tests:
-#: ``../.venv312/bin/python -m replaysafe.testing.conformance tenxgraph_conformance_driver:DRIVER``.
-LEDGERS = ["sqlite", "postgresql://root@127.0.0.1:5432/test", "redis://127.0.0.1:6379/0"]
+#: The adapters of integrations/isolated.toml (10xGraph, Google ADK, CrewAI, Strands) run their matrix in their own
+#: environment (integrations/run-isolated makes it), from their tests directory, e.g. for 10xGraph:
+#: ``PYTHONPATH=tests .venv312/bin/python -m replaysafe.testing.conformance tenxgraph_conformance_driver:DRIVER``.
+LEDGERS = [
+    "sqlite",
+    "postgresql://root@127.0.0.1:5432/test",
+    "redis://127.0.0.1:6379/0",
+    "postgresql://root@127.0.0.1:5432/test?cache=redis%3A%2F%2F127.0.0.1%3A6379%2F0",  # TieredLedger
+]
+
+
+def ledger_name(url: str) -> str:
+    """How the table names a ledger: its scheme, or ``tiered`` for PostgreSQL with a Redis cache."""
+    return "tiered" if "cache=" in url else url.split("://")[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,12 +89,10 @@ def main(argv: list[str] | None = None) -> int:
                     duplicates += sum(case.broken for case in held.cases)
                     control_kills += len(control.cases)
                     control_broke += sum(case.broken for case in control.cases)
-                rows.append(
-                    (name, ledger.split("://")[0], scenario.name, kills, duplicates, control_kills, control_broke)
-                )
+                rows.append((name, ledger_name(ledger), scenario.name, kills, duplicates, control_kills, control_broke))
                 totals.update(kills=kills, duplicates=duplicates, control=control_kills, broke=control_broke)
                 print(
-                    f"{name:16} {ledger.split('://')[0]:10} {scenario.name:16} {kills:5} kills, {duplicates} dup",
+                    f"{name:16} {ledger_name(ledger):10} {scenario.name:16} {kills:5} kills, {duplicates} dup",
                     flush=True,
                 )
     seconds = time.monotonic() - started
