@@ -35,7 +35,6 @@ import re
 import shlex
 import sqlite3
 import sys
-import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -44,7 +43,7 @@ from typing import Any, NamedTuple, TextIO
 from ._clock import utcnow
 from ._constants import LEDGER_URL_ENV
 from ._core import STEPS_PREFIX, Verdict, judge
-from ._errors import TamperedRecordError
+from ._errors import LedgerError, TamperedRecordError
 from ._identity import call_idempotency_key
 from ._keys import step_parent
 from ._operations import _reason as error_text
@@ -56,6 +55,7 @@ from ._unrecorded import PREFIX as UNRECORDED_PREFIX
 from ._unrecorded import REASONS as UNRECORDED_REASONS
 from ._unrecorded import parse as unrecorded
 from .ledgers import Ledger, open_ledger
+from .ledgers._options import redact
 from .ledgers._protocol import diagnose
 
 EXIT_OK, EXIT_NOT_FOUND, EXIT_USAGE, EXIT_LEDGER, EXIT_DECLINED, EXIT_NO_KEY, EXIT_WRONG_KEY = 0, 1, 2, 3, 4, 5, 6
@@ -544,8 +544,10 @@ def _ledger_failure(ledger: Ledger, exc: BaseException, where: str = "") -> Comm
             EXIT_LEDGER,
         )
     fault = diagnose(ledger, exc)
-    reason = error_text(cause)  # the driver's text only where it cannot hold a stored value
     verb = "cannot reach the ledger" if fault.transient else "cannot use the ledger"
+    if isinstance(exc, LedgerError):  # the package's own message: it names the call and the next step, no value
+        return CommandError(f"{where}{verb} {ledger!r}: {exc}", EXIT_LEDGER)
+    reason = error_text(cause)  # the driver's text only where it cannot hold a stored value
     return CommandError(f"{where}{verb} {ledger!r} ({reason}). {fault.fix}", EXIT_LEDGER)
 
 
@@ -767,21 +769,11 @@ def _resolve_commands(args: argparse.Namespace, records: list[Record], out: Text
             print(" ".join([*words, "resolve", _ids(key), "--result", "'<json>'"]), file=out)
 
 
-_PASSWORD_IN_QUERY = re.compile(r"(?i)([?&]password=)[^&#]*")
-
-
 def _without_password(url: str) -> tuple[str, bool]:
-    """``url`` with the password of its user and a ``password=`` query option shown as ``***``, and whether
-    there was one: a command printed for an operator to paste may end up in a ticket."""
-    hidden = url
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.password is not None:
-            user, _, host = parts.netloc.rpartition("@")
-            hidden = urllib.parse.urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))
-    except ValueError:
-        pass
-    hidden = _PASSWORD_IN_QUERY.sub(r"\1***", hidden)
+    """``url`` with every password in it shown as ``***`` (its user's, a ``password=`` option's, a nested cache
+    URL's: ``redact``), and whether there was one: a command printed for an operator to paste may end up in a
+    ticket."""
+    hidden = redact(url)
     return hidden, hidden != url
 
 
@@ -1317,6 +1309,10 @@ def _purge(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
         count = lambda: len(keys)  # noqa: E731
         delete = lambda: _delete_in_batches(ledger, keys, batch, output)  # noqa: E731
     planned = count()
+    if planned == 0 and args.thread is not None and not args.dry_run:
+        # Nothing left in the ledger, but a purge that failed half-way (a tiered ledger's cache) left what only
+        # purge_thread clears: the retry its error advised must reach it.
+        ledger.purge_thread(args.thread)
     if args.dry_run or planned == 0:
         verb = "would delete" if args.dry_run else "deleted"
         output.answer(f"{verb} {planned} {scope}" + (" (dry run: nothing was deleted)" if args.dry_run else ""))

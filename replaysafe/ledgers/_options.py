@@ -68,10 +68,30 @@ def io_timeouts(connect_timeout: float | None, io_timeout: float | None) -> tupl
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages."""
+    """The URL with every password in it shown as ``***``, for messages and printed commands: its userinfo's
+    (found by the last ``@``, so a ``#``, ``?`` or ``/`` in the password does not hide it), a ``password=`` query
+    option's, and those of a URL nested in a ``cache=`` option (percent-encoded, as documented, or not)."""
     head, sep, rest = url.partition("://")
-    if "@" in rest:
+    if sep and "@" in rest:
         credentials, _, host = rest.rpartition("@")
-        user = credentials.partition(":")[0]
-        return f"{head}{sep}{user}:***@{host}"
-    return url
+        user, colon, _ = credentials.partition(":")
+        rest = f"{user}:***@{host}" if colon else rest
+    where, mark, query = rest.partition("?")
+    if not mark:
+        return f"{head}{sep}{rest}"
+    parts = []
+    for part in query.split("&"):
+        name, eq, value = part.partition("=")
+        option = urllib.parse.unquote_plus(name).lower()
+        if eq and option in _SECRET_OPTIONS:
+            part = f"{name}=***"
+        elif eq and option == "cache":
+            nested = urllib.parse.unquote_plus(value)
+            if redact(nested) != nested:
+                part = f"{name}={urllib.parse.quote(redact(nested), safe='*')}"
+        parts.append(part)
+    return f"{head}{sep}{where}{mark}{'&'.join(parts)}"
+
+
+#: Query options whose value is a secret (redis-py and libpq read a password from ``password=``).
+_SECRET_OPTIONS = frozenset({"password"})

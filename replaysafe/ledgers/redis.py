@@ -340,14 +340,19 @@ return deleted
 
 # --- the cache of a tiered ledger (``ledgers.tiered``) ----------------------------------------
 #
-# Entries are records in this ledger's format and key layout, so ``get`` and ``purge_thread`` of the
-# cache's ``RedisLedger`` read and remove them. Beside each entry a fill token (``<record key>:fill``)
-# fences the writes: a miss hands one out, an invalidation deletes it, and a write is taken only with
-# the token still there (so a read of the truth that raced an invalidation cannot put back what it
-# removed). The thread index lists entries and tokens alike, each scored by when it expires.
+# Entries live in a key space of their own (``TieredLedger`` builds an ``_Operations`` whose prefix is the
+# cache's prefix, ``:tiered:`` and the truth's identity), never among this ledger's records. Each entry is
+# ``<run_id> <record in this ledger's format>``: the ``run_id`` of the Redis server that stored it. A read
+# serves an entry only under the same run_id, so an entry a server brought back from a snapshot (or an
+# append-only file) after a restart is never served: it may be one a deletion removed since. Beside each
+# entry a fill token (``<entry key>:fill``, also ``<run_id> <token>``) fences the writes: a miss hands one
+# out, an invalidation deletes it, and a write is taken only with the token still there (so a read of the
+# truth that raced an invalidation cannot put back what it removed). The thread index lists entries and
+# tokens alike, each scored by when it expires.
 
 # Keeps the thread index (KEYS[3]) alive as long as a member added until ``until`` (ms; 0: forever), and
 # drops members already expired. ``existed``: whether the index was there before the member was added.
+# ``run_id``: the server's run id and a space, what every entry and token it stores starts with.
 _KEEP_INDEX = """
 local function keep_index(index, existed, ends, now_ms)
     redis.call('ZREMRANGEBYSCORE', index, '-inf', now_ms)
@@ -364,38 +369,53 @@ local function server_ms()
     local time = redis.call('TIME')
     return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
+local function run_id()
+    local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+    if run == nil then error({err = 'replaysafe-format: the server did not say its run_id'}) end
+    return run .. ' '
+end
+local function this_run(value, run)
+    return value and string.sub(value, 1, #run) == run
+end
 """
 
 # KEYS[1] entry, KEYS[2] fill token, KEYS[3] thread index. ARGV: a new token, the token's life (ms).
-# Returns the entry, or {token}: the token there, else the new one, stored.
+# Returns the entry (the record, without its run_id), or {token}: the token there, else the new one, stored.
+# An entry or token of another run of the server (stored before a restart) is deleted: a miss.
 _CACHE_READ = _script(
     _KEEP_INDEX
     + """
+local run = run_id()
 local found = redis.call('GET', KEYS[1])
-if found then return found end
+if this_run(found, run) then return string.sub(found, #run + 1) end
+if found then redis.call('DEL', KEYS[1]) end
 local token = redis.call('GET', KEYS[2])
-if token then return {token} end
+if this_run(token, run) then return {token} end
 local existed = redis.call('EXISTS', KEYS[3])
 local now_ms = server_ms()
 local ends = now_ms + tonumber(ARGV[2])
-redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+token = run .. ARGV[1]
+redis.call('SET', KEYS[2], token, 'PX', ARGV[2])
 redis.call('ZADD', KEYS[3], ends, KEYS[2])
 keep_index(KEYS[3], existed, ends, now_ms)
-return {ARGV[1]}
+return {token}
 """,
     reads=False,
 )
 
 # KEYS[1] entry, KEYS[2] fill token, KEYS[3] thread index. ARGV: the token, the packed record, its attempt,
 # its update time (us), when it expires (ms since the epoch, 0: never), the cache's own ttl (ms, 0: none).
-# Taken only with the token still there, and only over an older version: (attempt, updated) lower.
+# Taken only with the token still there (and of this run), and only over an older version of this run:
+# (attempt, updated) lower.
 _CACHE_FILL = _script(
     _KEEP_INDEX
     + """
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local run = run_id()
+local token = redis.call('GET', KEYS[2])
+if token ~= ARGV[1] or not this_run(token, run) then return 0 end
 local old = redis.call('GET', KEYS[1])
-if old then
-    local attempt, updated = string.match(old, '^1 [%a_]+ (%d+) %d+ (%d+) ')
+if this_run(old, run) then
+    local attempt, updated = string.match(string.sub(old, #run + 1), '^1 [%a_]+ (%d+) %d+ (%d+) ')
     if attempt ~= nil then
         local stored, given = tonumber(attempt), tonumber(ARGV[3])
         if stored > given or (stored == given and tonumber(updated) >= tonumber(ARGV[4])) then return 0 end
@@ -406,7 +426,7 @@ local ends, cap = tonumber(ARGV[5]), tonumber(ARGV[6])
 if cap > 0 and (ends == 0 or ends > now_ms + cap) then ends = now_ms + cap end
 if ends ~= 0 and ends <= now_ms then return 0 end
 local existed = redis.call('EXISTS', KEYS[3])
-redis.call('SET', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[1], run .. ARGV[2])
 if ends ~= 0 then redis.call('PEXPIREAT', KEYS[1], ends) end
 redis.call('ZADD', KEYS[3], ends == 0 and '+inf' or ends, KEYS[1])
 keep_index(KEYS[3], existed, ends, now_ms)
@@ -415,7 +435,19 @@ return 1
     reads=False,
 )
 
-_SCRIPTS = (_CLAIM, _COMPLETE, _TAKEOVER, _RELEASE, _RENEW, _DELETE, _PURGE, _CACHE_READ, _CACHE_FILL)
+# KEYS[1] thread index, KEYS[2..] the entries and tokens of the thread it lists (one slot). ARGV: every member
+# listed, its own or not: all leave the index, only the keys (KEYS) are deleted.
+_CACHE_PURGE = _script(
+    """
+local deleted = 0
+if #KEYS > 1 then deleted = redis.call('DEL', unpack(KEYS, 2)) end
+if #ARGV > 0 then redis.call('ZREM', KEYS[1], unpack(ARGV)) end
+return deleted
+""",
+    reads=False,
+)
+
+_SCRIPTS = (_CLAIM, _COMPLETE, _TAKEOVER, _RELEASE, _RENEW, _DELETE, _PURGE, _CACHE_READ, _CACHE_FILL, _CACHE_PURGE)
 
 
 # --- keys ------------------------------------------------------------------------------------
@@ -802,10 +834,18 @@ class _Operations:
             _evalsha(_CACHE_FILL, (name, f"{name}:fill", index), token, _pack(record), *version, until, self.ttl_ms),
         )
 
-    def uncache(self, key: CallKey) -> _Op[int]:
-        """Remove the entry of ``key`` and its fill token (a write racing this one is then refused)."""
-        name, index = self.keys(key)
-        return _Op(int, _evalsha(_PURGE, [index, name, f"{name}:fill"]))
+    def uncache(self, thread_id: str, keys: Sequence[CallKey]) -> _Op[int]:
+        """Remove the entries of ``keys`` (all of ``thread_id``) and their fill tokens (a write racing this is
+        then refused)."""
+        names = [name for key in keys for name in (self.keys(key)[0], f"{self.keys(key)[0]}:fill")]
+        return _Op(int, _evalsha(_CACHE_PURGE, [self.index(thread_id), *names], *names))
+
+    def uncache_listed(self, thread_id: str, names: Sequence[str]) -> _Op[int]:
+        """Take ``names`` (members of the thread's index) out of it, deleting those that are this key space's
+        keys of the thread: a foreign name someone put in the index is never deleted."""
+        index = self.index(thread_id)
+        own = [name for name in names if name.startswith(f"{index}:")]
+        return _Op(int, _evalsha(_CACHE_PURGE, [index, *own], *names))
 
     # listing and purging, a batch at a time
 
@@ -1111,10 +1151,9 @@ class RedisLedger(StoredLedger):
         return f"RedisLedger({self._where()}, prefix={self.prefix!r})"
 
     def _where(self) -> str:
-        if self._url is not None:
-            parts = urllib.parse.urlsplit(self._url)
-            host = parts.netloc.rpartition("@")[2]
-            return repr(urllib.parse.urlunsplit(parts._replace(netloc=host, query="")))
+        if self._url is not None:  # the host and path: after the userinfo's last '@' (a '#' in a password too)
+            scheme, sep, rest = self._url.partition("://")
+            return repr(f"{scheme}{sep}{rest.rpartition('@')[2].partition('?')[0].partition('#')[0]}")
         return "<client>"
 
     # --- connections -------------------------------------------------------------

@@ -21,10 +21,15 @@ The rules (docs/ledgers.md, "Tiered: PostgreSQL with a Redis cache"):
   the truth (not finished, or failing its seal) is dropped, and a forged one reported
   (``EventKind.TAMPERED``); so is one the truth's answer then contradicts (another
   record, or none).
-* **Changes go to the truth, then the cache is invalidated.** ``delete``, ``purge_thread``
-  and a takeover of a finished record (``resolve --force``) remove the cache's entry (and
-  its fill token) after the truth changed; ``delete`` and ``purge_thread`` raise
-  ``LedgerError`` when that fails, since the entry could still be replayed.
+* **Changes clear the cache before and after the truth.** ``delete``, ``purge_thread`` and a
+  takeover of a finished record (``resolve --force``) remove the cache's entry (and its fill
+  token) before the truth changes and again after (a replay may have filled it in between);
+  ``purge_thread`` removes the entries of the keys the truth listed and those the cache's
+  index lists. A failed removal raises ``LedgerError`` naming the key and the next step.
+* **Entries are of this truth and this run of Redis.** They live in a key space of their own
+  (``_namespace``: the truth's database and table), never among a ``RedisLedger``'s records,
+  and each carries the ``run_id`` of the server that stored it: one a restarted server loaded
+  from disk is never served. An entry that is no record is dropped and reported.
 * **The cache may fail.** A cache error never fails a call: the truth answers, an event
   says so (``EventKind.LEDGER_ERROR`` at WARNING), and the cache is skipped for
   ``cache_pause`` seconds. Its timeouts are capped so that a stalled cache leaves the
@@ -41,6 +46,7 @@ gets the truth's answer, as it would from the truth alone.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -54,10 +60,10 @@ from typing import Any, NamedTuple, TypeVar
 from .._errors import LedgerError
 from .._events import EventKind, emit
 from .._records import CallKey, ClaimResult, Record, Status, expires_at, new_tuple
-from .._sealing import FINISHED
+from .._sealing import FINISHED, Sealer
 from ._options import redact
 from ._protocol import AsyncLedger, Ledger, LedgerBase, LedgerFault, diagnose, forget_in_forked_child, handed_now
-from .redis import RedisLedger
+from .redis import RecordFormatError, RedisLedger, _Operations
 
 _T = TypeVar("_T")
 
@@ -69,6 +75,10 @@ _TOKEN_MS = 600_000
 _PENDING_MAX = 4096
 #: The URL schemes a cache URL may have.
 _CACHE_SCHEMES = ("redis", "rediss", "unix")
+#: Cache entries removed per command.
+_BATCH = 500
+#: The cache URL's options that set its socket timeouts (capped like ``io_timeout``).
+_SOCKET_OPTIONS = ("socket_timeout", "socket_connect_timeout")
 #: The URL option naming the cache.
 CACHE_OPTION = "cache"
 _ENCODE_HINT = (
@@ -131,6 +141,10 @@ class TieredLedger(LedgerBase):
 
     #: Seconds the cache is skipped after it failed.
     cache_pause: float
+    #: The truth's: the tiered ledger seals and checks with the truth's keys.
+    sealer: Sealer | None
+    #: The truth's: an operation's errors are the truth's (the cache never fails one).
+    transient_errors: tuple[type[BaseException], ...]
 
     def __init__(self, truth: Ledger, *, cache: RedisLedger, cache_pause: float = CACHE_PAUSE) -> None:
         if not isinstance(cache, RedisLedger):
@@ -153,6 +167,9 @@ class TieredLedger(LedgerBase):
             bound = self.io_timeout / 4
             cache.connect_timeout = min(cache.connect_timeout, bound)
             cache.io_timeout = min(cache.io_timeout, bound)
+            cache._url = _capped_socket_options(cache._url, bound)
+        #: The cache's entries: a key space of their own, of this truth (``_namespace``), beside the cache's records.
+        self._ops = _Operations(_namespace(cache.prefix, truth), cache.ttl)
         #: ``time.monotonic()`` before which the cache is skipped.
         self._skip_until = 0.0
         #: (key, owner) -> (the record the owner holds or None, the fill token its claim's miss got).
@@ -223,8 +240,19 @@ class TieredLedger(LedgerBase):
             return None, None
         try:
             found: tuple[Record | None, str | None] = yield _CacheStep(
-                self.cache._ops.cache_read(key, os.urandom(9).hex(), _TOKEN_MS)
+                self._ops.cache_read(key, os.urandom(9).hex(), _TOKEN_MS)
             )
+        except RecordFormatError:
+            emit(
+                EventKind.TAMPERED,
+                f"the tiered ledger's cache holds an entry of {key} that is not a record: it was ignored and dropped, "
+                "and PostgreSQL, the truth, answered. Check who can write to the cache's Redis.",
+                tool_name=tool_name,
+                key=key,
+                ledger="tiered",
+            )
+            yield from self._drop(key, tool_name)
+            return None, None
         except Exception as exc:
             self._cache_failed(exc, "reading", key, tool_name)
             return None, None
@@ -255,28 +283,38 @@ class TieredLedger(LedgerBase):
         if token is None or record.status not in FINISHED or time.monotonic() < self._skip_until:
             return
         try:
-            yield _CacheStep(self.cache._ops.cache_fill(record, token))
+            yield _CacheStep(self._ops.cache_fill(record, token))
         except Exception as exc:
             self._cache_failed(exc, "writing", record.key, record.tool_name)
 
-    def _invalidate(self, key: CallKey, after: str) -> Steps[None]:
-        """Remove the cache's entry of ``key`` and its fill token; ``LedgerError`` naming the next step on failure."""
+    def _invalidate(self, key: CallKey, doing: str, *, changed: bool) -> Steps[None]:
+        """Remove the cache's entry of ``key`` and its fill token; ``LedgerError`` naming the next step on failure.
+        ``changed``: whether the truth has changed already (``doing`` says what)."""
         try:
-            yield _CacheStep(self.cache._ops.uncache(key))
+            yield _CacheStep(self._ops.uncache(key.thread_id, [key]))
         except Exception as exc:
-            name = self.cache._ops.keys(key)[0]
-            raise self._stale_entry(f"{after} {key}", f"the Redis keys {name} and {name}:fill", exc, key) from exc
+            name = self._ops.keys(key)[0]
+            raise self._stale_entry(
+                f"{doing} {key}", f"the Redis keys {name} and {name}:fill", exc, key, changed
+            ) from exc
 
-    def _stale_entry(self, what: str, keys: str, exc: BaseException, key: CallKey | None = None) -> LedgerError:
+    def _stale_entry(
+        self, what: str, keys: str, exc: BaseException, key: CallKey | None = None, changed: bool = True
+    ) -> LedgerError:
         fault = self.cache.diagnose(exc)
-        return LedgerError(
-            f"the tiered ledger {what} in PostgreSQL, but could not remove the Redis cache's entries "
-            f"({type(exc).__name__}): a replay may still read the old record from the cache. Run the same operation "
-            f"again once Redis answers (it is safe to repeat), or delete {keys}. {fault.fix}",
-            key=key,
-            transient=fault.transient,
-            permanent=not fault.transient,
-        )
+        if changed:
+            told = (
+                f"the tiered ledger {what} in PostgreSQL, but could not remove the Redis cache's entries "
+                f"({type(exc).__name__}): a replay may still read the old record from the cache. Run the same "
+                f"operation again once Redis answers (it is safe to repeat), or delete {keys}."
+            )
+        else:
+            told = (
+                f"the tiered ledger {what}, but could not first remove the Redis cache's entries "
+                f"({type(exc).__name__}): nothing was changed in PostgreSQL. Run the same operation again once Redis "
+                "answers."
+            )
+        return LedgerError(f"{told} {fault.fix}", key=key, transient=fault.transient, permanent=not fault.transient)
 
     # --- pending write-throughs --------------------------------------------------------------
 
@@ -330,24 +368,37 @@ class TieredLedger(LedgerBase):
     def _drop(self, key: CallKey, tool_name: str) -> Steps[None]:
         """Drop an entry that could not have come from the truth; a failure costs speed only."""
         try:
-            yield from self._invalidate(key, "read")
+            yield from self._invalidate(key, "read", changed=False)
         except LedgerError as exc:
             self._cache_failed(exc, "dropping a bad entry of", key, tool_name)
 
     def _takeover(self, record: Record, owner: str, now: datetime, lease_expires_at: datetime) -> Steps[Record | None]:
         finished = record.status in FINISHED
         if finished:  # only a finished record may be in the cache: out first, nothing changed if it fails
-            yield from self._invalidate(record.key, "was to take over")
+            yield from self._invalidate(record.key, "was to take over", changed=False)
         taken: Record | None = yield _truth("takeover", record, owner=owner, now=now, lease_expires_at=lease_expires_at)
         held = self._unhold(record.key, owner)
         if taken is not None:
             self._hold(record.key, owner, taken, None if held is None else held[1])
         if finished:  # a replay may have filled it again meanwhile, from the truth as it was
             try:
-                yield from self._invalidate(record.key, "took over")
-            except LedgerError as exc:
-                self._cache_failed(exc, "removing the entry taken over of", record.key, record.tool_name)
+                yield _CacheStep(self._ops.uncache(record.key.thread_id, [record.key]))
+            except Exception as exc:
+                raise self._taken_but_cached(record.key, exc) from exc
         return taken
+
+    def _taken_but_cached(self, key: CallKey, exc: BaseException) -> LedgerError:
+        """A takeover landed in the truth, but the old record's entry may still be served: never tried again
+        (the takeover is done), the operator removes the entry and settles the call again."""
+        name = self._ops.keys(key)[0]
+        return LedgerError(
+            f"the tiered ledger took over {key} in PostgreSQL, but could not then remove the Redis cache's entry of "
+            f"its old record ({type(exc).__name__}): a replay may still read the old record from the cache. Once "
+            f"Redis answers, delete the Redis keys {name} and {name}:fill (or run `replaysafe ledger delete` of the "
+            f"call), then resolve it again. {self.cache.diagnose(exc).fix}",
+            key=key,
+            permanent=True,
+        )
 
     def _complete(self, key: CallKey, owner: str, status: Status, result: str | None, now: datetime) -> Steps[bool]:
         done: bool = yield _truth("complete", key, owner=owner, status=status, result=result, now=now)
@@ -367,11 +418,22 @@ class TieredLedger(LedgerBase):
 
     def _renew(self, key: CallKey, owner: str, lease_expires_at: datetime) -> Steps[bool]:
         done: bool = yield _truth("renew", key, owner=owner, lease_expires_at=lease_expires_at)
-        if done and self._pending:  # the record written through after the complete carries the lease as stored
-            with self._pending_lock:
-                held = self._pending.get((key, owner))
-                if held is not None and held[0] is not None:
-                    self._pending[key, owner] = (held[0]._replace(lease_expires_at=lease_expires_at), held[1])
+        if not done:
+            return done
+        with self._pending_lock:  # the record written through after the complete carries the lease as stored
+            held = self._pending.get((key, owner))
+            if held is not None and held[0] is not None:
+                self._pending[key, owner] = (held[0]._replace(lease_expires_at=lease_expires_at), held[1])
+                return done
+        # Nothing held: the complete may already have taken the record, with the lease before this renewal, to
+        # write it through. Removing the entry and its fill token drops that write, or the entry it made. Not while
+        # the cache is skipped: a renewal must not wait on a cache that failed.
+        if time.monotonic() < self._skip_until:
+            return done
+        try:
+            yield _CacheStep(self._ops.uncache(key.thread_id, [key]))
+        except Exception as exc:  # the renewal stands (a stale lease time on a finished entry at worst)
+            self._cache_failed(exc, "invalidating", key, "")
         return done
 
     def _get(self, key: CallKey) -> Steps[Record | None]:
@@ -427,21 +489,35 @@ class TieredLedger(LedgerBase):
         return self._drive(self._get_many(keys))
 
     def delete(self, key: CallKey) -> bool:
-        """Delete the truth's record, then the cache's entry (``LedgerError`` if that fails: run it again)."""
+        """Remove the cache's entry, delete the truth's record, then remove the entry again (a replay may have
+        filled it in between): ``LedgerError`` if either removal fails (run it again)."""
+        self._drive(self._invalidate(key, "was to delete", changed=False))
         deleted = bool(self.truth.delete(key))
-        self._drive(self._invalidate(key, "deleted"))
+        self._drive(self._invalidate(key, "deleted", changed=True))
         return deleted
 
     def purge_thread(self, thread_id: str) -> int:
-        """Delete the thread's records in the truth, then its cache entries (``LedgerError`` if that fails)."""
+        """Remove the cache entries of the thread's records (as the truth lists them, and as the cache's index of
+        the thread does), delete the records in the truth, then remove the entries again: ``LedgerError`` if a
+        removal fails (run it again: it is safe to repeat, and clears what the cache still holds)."""
+        keys = [record.key for record in self.truth.records(thread_id=thread_id)]
+        self._purge_cache(thread_id, keys, changed=False)
         deleted = self.truth.purge_thread(thread_id)
-        try:
-            self.cache.purge_thread(thread_id)
-        except Exception as exc:
-            index = self.cache._ops.index(thread_id)
-            what = f"purged the thread {thread_id!r}"
-            raise self._stale_entry(what, f"the keys listed in the Redis sorted set {index}, and the set", exc) from exc
+        self._purge_cache(thread_id, keys, changed=True)
         return deleted
+
+    def _purge_cache(self, thread_id: str, keys: list[CallKey], *, changed: bool) -> None:
+        """Remove the entries of ``keys`` and of every name the thread's index lists (never a key of another)."""
+        try:
+            for start in range(0, len(keys), _BATCH):
+                self.cache._run(self._ops.uncache(thread_id, keys[start : start + _BATCH]))
+            while names := self.cache._run(self._ops.members(thread_id, _BATCH)):
+                self.cache._run(self._ops.uncache_listed(thread_id, names))
+        except Exception as exc:
+            index = self._ops.index(thread_id)
+            what = f"purged the thread {thread_id!r}" if changed else f"was to purge the thread {thread_id!r}"
+            listed = f"the keys listed in the Redis sorted set {index}, and the set"
+            raise self._stale_entry(what, listed, exc, changed=changed) from exc
 
     def records(self, *, thread_id: str | None = None) -> Iterator[Record]:
         """The truth's records (of one thread), oldest first."""
@@ -461,8 +537,8 @@ class TieredLedger(LedgerBase):
 
     def diagnose(self, exc: BaseException) -> LedgerFault:
         """The truth's classification; this ledger's own ``LedgerError`` says itself."""
-        if isinstance(exc, LedgerError):
-            return LedgerFault(exc.transient, "See the error's message.")
+        if isinstance(exc, LedgerError):  # its own message names the key and the next step (no value)
+            return LedgerFault(exc.transient, str(exc))
         return diagnose(self.truth, exc)
 
     def check(self) -> None:
@@ -554,6 +630,11 @@ def split_cache(url: str) -> tuple[str, str | None]:
     for part in query.split("&"):
         name, _, value = part.partition("=")
         if urllib.parse.unquote_plus(name) != CACHE_OPTION:
+            if cache is not None and "=" not in part:  # the rest of a cache URL an unencoded '&' split
+                raise ValueError(
+                    f"the URL option {CACHE_OPTION!r} is followed by a part that is no option (an unencoded '&' "
+                    f"in the cache URL, its password?): it would go to PostgreSQL. {_ENCODE_HINT}."
+                )
             kept.append(part)
             continue
         if cache is not None:
@@ -607,3 +688,37 @@ def _open_cache(cache_url: Any) -> RedisLedger:
             f"the URL option {CACHE_OPTION!r} ({shown!r}) does not open a Redis cache: {reason} Fix the cache URL. "
             f"{_ENCODE_HINT}."
         ) from None
+
+
+def _namespace(prefix: str, truth: Ledger) -> str:
+    """The prefix of the cache's entries: the cache's prefix, ``tiered`` and a digest of what the truth's records are
+    (its database's name and its table, schema-qualified), so that two truths never share entries and no entry is
+    ever among a ``RedisLedger``'s records (``<prefix>:{thread}...``). The same table reached by another URL (host
+    name, driver, options) shares them, so that every ledger of one truth invalidates the same entries."""
+    table = getattr(truth, "table", None)
+    schema = getattr(table, "schema", None) or "public"
+    database = getattr(getattr(truth, "_url", None), "database", None)
+    identity = f"{database}\0{schema}\0{getattr(table, 'name', None)}"
+    return f"{prefix}:tiered:{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def _capped_socket_options(url: str, bound: float) -> str:
+    """``url`` with its ``socket_timeout`` and ``socket_connect_timeout`` options (which redis-py prefers to the
+    ledger's timeouts) capped at ``bound`` seconds; every other part as given."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url
+    parts = []
+    for part in query.split("&"):
+        name, eq, value = part.partition("=")
+        if eq and urllib.parse.unquote_plus(name) in _SOCKET_OPTIONS:
+            try:
+                seconds = float(urllib.parse.unquote_plus(value))
+            except ValueError:
+                raise ValueError(
+                    f"the cache URL's option {urllib.parse.unquote_plus(name)!r} is not a number of seconds: give one "
+                    f"(it is capped at a quarter of the truth's io_timeout), or leave it out"
+                ) from None
+            part = f"{name}={min(seconds, bound):g}"
+        parts.append(part)
+    return f"{base}?{'&'.join(parts)}"
