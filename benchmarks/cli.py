@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import concurrency, overhead, parallel, report, scale, tenxgraph, threads
+from . import adapters, concurrency, overhead, parallel, report, scale, tenxgraph, threads
 from ._env import Scratch, cpus_kept_awake, load_average, machine_info
 from ._progress import progress
 from .settings import FULL, QUICK
@@ -25,6 +25,7 @@ SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "threads": threads.run,
     "parallel": parallel.run,
     "tenxgraph": tenxgraph.run,  # in the 10xGraph adapter's Python 3.12 environment, as a subprocess
+    "adapters": adapters.run,  # each adapter in its own environment, as a subprocess
     "scale": scale.run,  # last: its big loads may leave the servers busy for a while
 }
 

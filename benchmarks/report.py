@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .adapters import ADAPTERS, LEDGERS
+
 #: Hit latency counts as flat when the largest store's is at most this many times the smallest's.
 FLAT = 1.2
 
@@ -33,6 +35,9 @@ POSTGRES_FLOOR = 1.2
 FASTER_THAN_POWERTOOLS = {"miss": 1.3, "hit": 3.0}
 THREADS_KEEP = 1.0
 TENXGRAPH = 0.7
+#: An adapter's added time per tool call, over the core's own overhead on the same ledger (issue 31).
+ADAPTER_OVER_CORE = 1.2
+LEDGER_NAMES = {"memory": "memory", "postgres": "PostgreSQL"}
 #: The tiered ledger: its replay against the Redis ledger's, its first call against the PostgreSQL ledger's.
 TIERED = {"hit": ("redis", "the Redis ledger", 1.2), "miss": ("postgres", "the PostgreSQL ledger", 1.1)}
 CALL = {"miss": "first call", "hit": "replay"}
@@ -100,6 +105,20 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     for part, kind in (("first_call", "miss"), ("replay", "hit")):
         add(f"against 10xGraph's ledger on the same PostgreSQL (async), per {CALL[kind]}: ours / theirs",
             _get(results, "tenxgraph", part, "ratio"), f"<= {TENXGRAPH:g}x", "x", at_most(TENXGRAPH))  # fmt: skip
+    for adapter, (label, _) in ADAPTERS.items():
+        for ledger in LEDGERS:
+            point = _get(results, "adapters", adapter, ledger) or _get(results, "adapters", adapter) or {}
+            note = (
+                f"adds {_num(point['added_us']['median'])} us per call; the core's overhead "
+                f"{_num(point['core_overhead_us']['median'])} us"
+                if "ratio" in point
+                else point.get("skipped", "")
+            )
+            if "ratio" in point and point["added_us"]["p10"] < 0 < point["added_us"]["p90"]:
+                note += " (unresolved: the added time's p10-p90 spans 0, the framework's own swings are larger)"
+            add(f"{label} adapter, {LEDGER_NAMES[ledger]} ledger: time it adds per tool call / the core's own "
+                "overhead", point.get("ratio"), f"<= {ADAPTER_OVER_CORE:g}x", "x", at_most(ADAPTER_OVER_CORE),
+                note)  # fmt: skip
     scale = results.get("scale", {})
     sizes = scale.get("sizes") or []
     for name in ("memory", "sqlite", "postgres", "redis"):
@@ -464,10 +483,48 @@ def _tenxgraph_table(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _adapters_table(results: dict[str, Any]) -> list[str]:
+    section = results.get("adapters")
+    if section is None:
+        return []
+    lines = [
+        "## 9. Adapters: the time each adds per tool call, against its framework alone",
+        "",
+        f"Per adapter, in its own environment: the framework's agent on the adapter's scripted model, "
+        f"{section['calls_per_run']} calls of a trivial tool per run (one per model turn), every call a "
+        f"first call; {section['rounds']} paired rounds of the framework alone, with the adapter on each ledger, "
+        "and in the same process the core's own overhead on the same ledger (a plain function against it under "
+        "`@replay_safe` + `tool_call(...)`). Microseconds per tool call. *Added*: with the adapter minus the "
+        "framework alone, per round; *added / core*: that over the core's overhead in the same round (goal "
+        f"<= {ADAPTER_OVER_CORE:g}x). The framework's own time per call swings far more than the core's "
+        "overhead on the memory ledger: read that ratio's spread before its median.",
+        "",
+        "| adapter | framework | ledger | framework alone us | with the adapter us | added us | core overhead us "
+        "| added / core |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for adapter, (label, _) in ADAPTERS.items():
+        data = section.get(adapter) or {"skipped": "not measured"}
+        if "skipped" in data:
+            lines.append(f"| {label} | {data['skipped']} | | | | | | |")
+            continue
+        for ledger in LEDGERS:
+            point = data[ledger]
+            if "skipped" in point:
+                lines.append(f"| {label} | {data['framework']} | {ledger} | {point['skipped']} | | | | |")
+                continue
+            lines.append(
+                f"| {label} | {data['framework']} | {ledger} | {_spread(data['framework_us'])} "
+                f"| {_spread(point['with_adapter_us'])} | {_spread(point['added_us'])} "
+                f"| {_spread(point['core_overhead_us'])} | {_spread(point['ratio'], 2)} |"
+            )
+    return [*lines, ""]
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = _header(results) + _targets_table(results["targets"]) + _overhead_table(results)
     lines += _concurrency_table(results) + _scale_table(results) + _parallel_table(results)
-    lines += _tenxgraph_table(results) + _threads_table(results)
+    lines += _tenxgraph_table(results) + _threads_table(results) + _adapters_table(results)
     return "\n".join(lines)
 
 

@@ -36,6 +36,10 @@ class Settings:
     #: Section 7 (10xGraph's PgCheckpointer, async, in a Python 3.12 subprocess): rounds; calls per block.
     tenxgraph_rounds: int
     tenxgraph_block: int
+    #: Section 9 (each adapter against its framework alone, in the adapter's environment): rounds; tool calls
+    #: per run of the agent (one per model turn).
+    adapter_rounds: int
+    adapter_calls: int
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,6 +66,8 @@ FULL = Settings(
     parallel_block=10,
     tenxgraph_rounds=80,
     tenxgraph_block=10,
+    adapter_rounds=200,
+    adapter_calls=10,
 )
 
 QUICK = Settings(
@@ -85,4 +91,6 @@ QUICK = Settings(
     parallel_block=2,
     tenxgraph_rounds=4,
     tenxgraph_block=5,
+    adapter_rounds=3,
+    adapter_calls=3,
 )

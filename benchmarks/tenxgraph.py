@@ -10,18 +10,13 @@ section says "not measured" and the run goes on.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg import sql
-
+from ._child import run_child
 from ._env import Scratch, libpq_url
 from ._stats import micros, ratios, summary
 from .settings import Settings
@@ -103,22 +98,12 @@ def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dic
         "dsn": libpq_url(scratch.postgres_url),
         "redis_url": scratch.redis_url or LOCAL_REDIS,
     }
-    # The repository root first on the path: the replaysafe measured is this checkout's.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    try:
-        done = subprocess.run(
-            [str(python), "-m", "benchmarks.tenxgraph_child", json.dumps(spec)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return {"skipped": "not measured: the 10xGraph measurement did not finish in 900 s"}
-    finally:
-        _drop(scratch, schema)  # the child drops it; this covers a child that died first
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        log(f"tenxgraph: the measurement failed: {done.stderr[-2000:]}")
-        return {"skipped": f"not measured: the 10xGraph measurement failed ({last[:200]})"}
-    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    measured, why = run_child(
+        python, "tenxgraph_child", spec, scratch, schema,
+        what="the 10xGraph measurement", log=lambda message: log(f"tenxgraph: {message}"),
+    )  # fmt: skip
+    if measured is None:
+        return {"skipped": why}
     per_call: dict[str, list[float]] = measured["per_call_s"]
     section: dict[str, Any] = {
         "version": measured["version"],
@@ -133,8 +118,3 @@ def run(settings: Settings, scratch: Scratch, log: Callable[[str], None]) -> dic
             "ratio": summary(ratios(per_call, ours, theirs)),
         }
     return section
-
-
-def _drop(scratch: Scratch, schema: str) -> None:
-    with contextlib.suppress(psycopg.Error), scratch.postgres_connect() as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -23,6 +23,7 @@ SECTIONS = (
     "scale",
     "parallel",
     "tenxgraph",
+    "adapters",
     "targets",
 )
 
@@ -63,12 +64,29 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
         for call in ("first_call", "replay"):
             assert {"ours_us", "theirs_us", "ratio"} <= set(tenxgraph[call]), tenxgraph
             assert tenxgraph[call]["ratio"]["median"] > 0, tenxgraph
+    # Each adapter against its framework alone: --quick measures one of this environment's (LlamaIndex); the
+    # others, and any without its environment or PostgreSQL driver, say "not measured", as their target rows do.
+    from benchmarks.adapters import ADAPTERS, QUICK
+
+    skipped_adapters = 0
+    for adapter, (_, python) in ADAPTERS.items():
+        for ledger in ("memory", "postgres"):
+            point = results["adapters"][adapter].get(ledger) or results["adapters"][adapter]
+            if "skipped" in point:
+                assert python is not None or adapter != QUICK, f"the {adapter} adapter was not measured: {point}"
+                assert point["skipped"].startswith("not measured"), (adapter, ledger, point)
+                skipped_adapters += 1
+            else:
+                assert {"with_adapter_us", "added_us", "core_overhead_us", "ratio"} <= set(point), point
+                assert point["core_overhead_us"]["median"] > 0 and point["ratio"]["n"] > 0, point
     unmeasured = [row for row in results["targets"] if row["met"] is None]
-    assert results["targets"] and len(unmeasured) <= (2 if "skipped" in tenxgraph else 0), unmeasured
-    assert all("10xGraph" in row["target"] for row in unmeasured), unmeasured
+    expected = (2 if "skipped" in tenxgraph else 0) + skipped_adapters
+    assert results["targets"] and len(unmeasured) == expected, unmeasured
+    assert all("10xGraph" in row["target"] or " adapter, " in row["target"] for row in unmeasured), unmeasured
     # Issue 11's targets: library CPU in JSON round trips, async / sync, thread scaling, replay latency on every ledger.
     names = " | ".join(row["target"] for row in results["targets"])
-    for needle in ("JSON round trip", "async / sync", "16 threads / at 1", "replay latency, memory", "10xGraph"):
+    needles = ("JSON round trip", "async / sync", "16 threads / at 1", "replay latency, memory", "10xGraph")
+    for needle in (*needles, "LlamaIndex adapter, memory ledger", "Strands Agents adapter, PostgreSQL ledger"):
         assert needle in names, needle
     assert {"memory", "sqlite", "postgres", "redis"} <= set(results["threads"])
     for ledger in ("sqlite", "postgres", "redis"):  # the control: the floor, then a memory-ledger call
@@ -78,6 +96,7 @@ def test_quick_benchmark_writes_markdown_json_and_chart(
     assert "memory" in results["scale"] and "bytes_per_record" in results["scale"]["memory_footprint"]
     markdown = written[".md"].read_text()
     assert "## Targets" in markdown and "## 7. Against 10xGraph" in markdown and "## 8. Thread scaling" in markdown
+    assert "## 9. Adapters" in markdown
     assert written[".png"].read_bytes().startswith(b"\x89PNG")
     # The terminal gets a short summary: one line per target, and where the full report is.
     met = sum(row["met"] is True for row in results["targets"])
@@ -165,6 +184,46 @@ def test_the_tenxgraph_section_is_reported_measured_or_not() -> None:
     skipped = {"skipped": "not measured: no Python 3.12 / 10xgraph environment"}
     assert skipped["skipped"] in report._tenxgraph_table({"tenxgraph": skipped})
     assert report._tenxgraph_table({}) == []
+
+
+def test_the_adapters_section_is_reported_measured_or_not() -> None:
+    """Section 9 shows, per adapter and ledger, the time it adds and that over the core's overhead, with its
+    target row; an adapter (or a ledger) without its environment (or driver) says not measured."""
+    from benchmarks import report
+
+    def stats(median: float, p10: float, p90: float) -> dict[str, float]:
+        return {"median": median, "p10": p10, "p90": p90, "n": 3}
+
+    point = {
+        "with_adapter_us": stats(1100, 1000, 1200),
+        "added_us": stats(60, 50, 70),
+        "core_us": stats(51, 50, 52),
+        "core_overhead_us": stats(50, 49, 51),
+        "ratio": stats(1.2, 1.0, 1.4),
+    }
+    noisy = {**point, "added_us": stats(60, -500, 700), "ratio": stats(1.4, -10, 14)}
+    measured = {"framework": "llama-index-core 0.14.25", "framework_us": stats(1000, 900, 1100)}
+    section = {
+        "rounds": 3,
+        "calls_per_run": 10,
+        "llamaindex": {**measured, "memory": point, "postgres": noisy},
+        "adk": {**measured, "memory": point, "postgres": {"skipped": "not measured: no PostgreSQL driver"}},
+        "crewai": {"skipped": "not measured: no environment integrations/crewai/.venv311"},
+    }
+    table = "\n".join(report._adapters_table({"adapters": section}))
+    assert "## 9. Adapters" in table
+    assert "| LlamaIndex | llama-index-core 0.14.25 | memory | 1,000 (900.0-1,100) | 1,100 (1,000-1,200) " in table
+    assert "| 60.0 (50.0-70.0) | 50.0 (49.0-51.0) | 1.20 (1.00-1.40) |" in table
+    assert "not measured: no PostgreSQL driver" in table and "no environment integrations/crewai" in table
+    assert report._adapters_table({}) == []
+    rows = {row["target"]: row for row in report.targets({"adapters": section})}
+    memory = rows["LlamaIndex adapter, memory ledger: time it adds per tool call / the core's own overhead"]
+    assert memory["met"] is True and memory["goal"] == "<= 1.2x" and "unresolved" not in memory["note"]
+    postgres = rows["LlamaIndex adapter, PostgreSQL ledger: time it adds per tool call / the core's own overhead"]
+    assert postgres["met"] is False and "unresolved" in postgres["note"]
+    for name in ("Google ADK adapter, PostgreSQL ledger", "CrewAI adapter, memory ledger"):
+        row = rows[f"{name}: time it adds per tool call / the core's own overhead"]
+        assert row["met"] is None and row["note"].startswith("not measured"), row
 
 
 def test_the_common_path_written_straight_records_and_replays_as_a_protected_call_does() -> None:
