@@ -277,7 +277,10 @@ class _Runner:
         self.env = {**os.environ, **env, _case.SYS_PATH_ENV: json.dumps(sys.path)}
         # The runs of one agent, from one place, fork from servers (_forkserver) this process keeps; they
         # import under this process's environment (the variables of ``env`` reach each run, not that import).
-        self.server_key = (sys.executable, str(cwd), tuple(sys.path), entry)
+        # Keyed by the entry point's module (its functions import the same) and the group a caller names:
+        # agents on other frameworks, run from one module (the conformance kit's drivers), keep servers apart.
+        group = env.get(_forkserver.GROUP_ENV, "")
+        self.server_key = (sys.executable, str(cwd), tuple(sys.path), entry.rpartition(":")[0], group)
         #: What the discovery run imported from installed code: what the servers import ahead.
         self.modules: list[str] | None = None
         self.server_env = {**os.environ, _case.SYS_PATH_ENV: self.env[_case.SYS_PATH_ENV]}

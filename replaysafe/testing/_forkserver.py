@@ -36,8 +36,11 @@ from . import _case
 
 #: ``0`` (or ``false``, ``no``, ``off``): every run of a crash test starts a new interpreter.
 FORK_ENV = "REPLAYSAFE_CRASHTEST_FORK"
-#: The servers one process keeps (one per agent and environment), the least recently used closed first.
-_KEPT = 4
+#: In ``env=`` of ``crashtest()``: runs of other groups (agents on other frameworks run from one entry point,
+#: as the conformance kit's drivers are) fork from servers of their own.
+GROUP_ENV = "REPLAYSAFE_CRASHTEST_GROUP"
+#: The servers one process keeps (two per agent module and group), the least recently used closed first.
+_KEPT = 8
 _MODULE = "replaysafe.testing._forkserver"
 
 

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from .._constants import LEDGER_URL_ENV
 from .._decorator import replay_safe
 from ..ledgers import Ledger, open_ledger
-from . import _case
+from . import _case, _forkserver
 from ._crashtest import CrashReport, crashtest
 from ._effects import side_effect
 from ._script import Script, ScriptedCall
@@ -277,7 +277,7 @@ def _crashtest(
         case=case,
         keep=False,
         timeout=120,
-        env={RUN_ENV: json.dumps(spec)},
+        env={RUN_ENV: json.dumps(spec), _forkserver.GROUP_ENV: driver},  # each driver's framework imported once
     )
 
 
