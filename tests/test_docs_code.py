@@ -488,6 +488,18 @@ ISOLATED_READMES = {
 }
 
 
+def run_isolated_readme(readme: Path, tmp_path: Path) -> None:
+    """An isolated adapter's README example (``notest`` here), run by the adapter's own suite in its environment:
+    twice in ``tmp_path``, with only what its first install line (the library and the adapter, from this
+    checkout) installs."""
+    (example,) = [block for block in blocks_of(readme) if block.language in PYTHON]
+    line = first_install_line(readme)
+    assert line.split("#")[0].split() == ["pip", "install", ".", f"./integrations/{readme.parent.name}"]
+    for run in RUNS:
+        result = run_python(program_code([example]), readme, tmp_path, setup=only_installed_by(line))
+        assert_ran(result, f"{example.where} ({run}, with only what `{line.strip()}` installs)")
+
+
 def test_every_adapters_example_runs_with_only_what_its_first_install_line_installs() -> None:
     """test_python_block_runs runs each adapter's README so; an isolated adapter's own suite runs its own."""
     run_here = {program[0].path for program in PROGRAMS if program[0].path in ADAPTER_READMES}

@@ -28,10 +28,4 @@ def docs_code() -> ModuleType:
 
 
 def test_the_readme_example_runs_twice_with_only_what_its_first_install_line_installs(tmp_path: Path) -> None:
-    docs = docs_code()
-    (example,) = [block for block in docs.blocks_of(README) if block.language in docs.PYTHON]
-    line = docs.first_install_line(README)
-    assert line.split("#")[0].split() == ["pip", "install", ".", "./integrations/crewai"]
-    for run in docs.RUNS:
-        result = docs.run_python(docs.program_code([example]), README, tmp_path, setup=docs.only_installed_by(line))
-        docs.assert_ran(result, f"{example.where} ({run}, with only what `{line.strip()}` installs)")
+    docs_code().run_isolated_readme(README, tmp_path)
