@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from replaysafe import SqliteLedger
+from replaysafe import Ledger, SqliteLedger, open_ledger
 
 #: The local test server (trust auth); REPLAYSAFE_TEST_POSTGRES_URL points elsewhere.
 POSTGRES_URL = os.environ.get("REPLAYSAFE_TEST_POSTGRES_URL", "postgresql://root@127.0.0.1:5432/test")
@@ -39,3 +39,17 @@ def postgres_ledger_url() -> Iterator[str]:
             yield f"{POSTGRES_URL}?schema={schema}"
         finally:
             admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
+    """A ledger on SQLite, then on PostgreSQL (in a schema of the test's own): for the tests that run on both."""
+    if request.param == "sqlite":
+        with SqliteLedger(tmp_path / "ledger.db") as opened:
+            yield opened
+        return
+    ledger = open_ledger(request.getfixturevalue("postgres_ledger_url"))
+    try:
+        yield ledger
+    finally:
+        ledger.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from google.adk.models.llm_response import LlmResponse
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.runners import Runner
 from google.adk.sessions import InMemorySessionService
+from google.adk.sessions.sqlite_session_service import SqliteSessionService
 from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.function_tool import FunctionTool
 from google.adk.tools.tool_context import ToolContext
@@ -24,6 +26,7 @@ from google.genai import types
 
 from replaysafe import (
     CallKey,
+    Ledger,
     MissingCallIdError,
     SqliteLedger,
     Status,
@@ -31,7 +34,7 @@ from replaysafe import (
     current_call,
     replay_safe,
 )
-from replaysafe.testing import Script, ScriptedCall
+from replaysafe.testing import Script, ScriptedCall, kill_point, run_in_child
 from replaysafe_adk import ReplaySafePlugin, replaysafe_error
 from replaysafe_adk.testing import ScriptedLlm
 
@@ -40,7 +43,7 @@ from adk_harness import APP, USER, Agent, CallOneLlm, calls_of
 THREAD = "thread-1"
 
 
-def statuses(ledger: SqliteLedger) -> dict[str, Status]:
+def statuses(ledger: Ledger) -> dict[str, Status]:
     """Each record's status, by its tool's name."""
     return {record.tool_name: record.status for record in ledger.records()}
 
@@ -137,7 +140,7 @@ async def test_a_new_turn_with_the_same_call_ids_runs_its_tools(ledger: SqliteLe
 
 @pytest.mark.parametrize(("options", "status"), [({}, None), ({"record_errors": ConnectionError}, Status.FAILED)])
 async def test_a_tool_that_raises_is_not_recorded_unless_record_errors_says(
-    ledger: SqliteLedger, options: dict[str, Any], status: Status | None
+    sql_ledger: Ledger, options: dict[str, Any], status: Status | None
 ) -> None:
     """ADK ends the run with the tool's own error (not wrapped): the claim is released, so the call runs again
     when asked again (docs/adapters.md, section 7), unless ``record_errors=`` covers the error."""
@@ -149,11 +152,11 @@ async def test_a_tool_that_raises_is_not_recorded_unless_record_errors_says(
         raise ConnectionError("the bank did not answer")
 
     script = Script(((ScriptedCall("refund_order", {"order_id": "A1"}),),), name="raises")
-    agent = Agent(ScriptedLlm(script=script), [refund_order], [ReplaySafePlugin(ledger, **options)])
+    agent = Agent(ScriptedLlm(script=script), [refund_order], [ReplaySafePlugin(sql_ledger, **options)])
     with pytest.raises(ConnectionError):
         await agent.send("Refund A1")
     assert attempts == ["A1"]
-    assert statuses(ledger) == ({} if status is None else {"refund_order": status})
+    assert statuses(sql_ledger) == ({} if status is None else {"refund_order": status})
 
 
 async def test_a_call_cancelled_by_a_failing_sibling_is_left_in_doubt(ledger: SqliteLedger) -> None:
@@ -225,6 +228,71 @@ async def test_a_step_before_a_confirmation_runs_once_across_the_pause(ledger: S
     assert effects == ["hold A1", "refund A1"]
     assert statuses(ledger)["refund_order"] is Status.COMPLETED
     assert (await agent.events())[-1].is_final_response()
+
+
+#: Where the first process of the crash test below dies: the confirmation asked for and saved in the session.
+CONFIRMING = "waiting-for-a-confirmation"
+
+
+async def confirmation_child(ledger_path: str, sessions_path: str, effects_path: str, protect: bool) -> list[str]:
+    """One process of the refund of the test above, on ADK's ``SqliteSessionService`` (a file).
+
+    With a new session it asks for the refund: the tool holds the money (a ``@replay_safe`` step, a line appended
+    to ``effects_path`` each time it runs), asks for confirmation, and ADK saves the request in the session; then
+    the process is SIGKILLed (``kill_point``) while nobody has answered. With a saved session it sends the
+    confirmation: ADK runs the tool again from its top. ``protect=False`` is the same agent without the plugin.
+    """
+    effects = Path(effects_path)
+    with SqliteLedger(ledger_path) as ledger:
+
+        @replay_safe(ledger=ledger)
+        def hold_funds(order_id: str) -> str:
+            with effects.open("a") as file:
+                file.write(f"{order_id}\n")
+            return f"hold_{order_id}"
+
+        def refund_order(order_id: str, tool_context: ToolContext) -> dict[str, str]:
+            """Refund an order, once a human confirms it."""
+            hold = hold_funds(order_id)
+            if tool_context.tool_confirmation is None:
+                tool_context.request_confirmation(hint=f"Refund order {order_id}?")
+                return {"status": "waiting for confirmation"}
+            return {"refund": f"re_{order_id}", "hold": hold}
+
+        script = Script(((ScriptedCall("refund_order", {"order_id": "A1"}),), "Refunded."), name="confirm-crash")
+        plugins = [ReplaySafePlugin(ledger)] if protect else []
+        service = SqliteSessionService(sessions_path)
+        agent = Agent(ScriptedLlm(script=script), [refund_order], plugins, service=service)
+        try:
+            saved = await agent.events()
+            if not saved:
+                await agent.send("Refund A1")
+                kill_point(CONFIRMING)  # SIGKILL: the process dies while the confirmation is unanswered
+                raise AssertionError("the agent was not killed at the confirmation")
+            answered = await agent.send(confirmation_answer(saved, confirmed=True))
+            return [part.text for event in answered if event.content for part in event.content.parts or () if part.text]
+        finally:
+            await agent.close()
+
+
+@pytest.mark.parametrize("protect", [True, False], ids=["plugin", "control"])
+def test_a_step_before_a_confirmation_runs_once_across_a_kill_in_the_pause(tmp_path: Path, protect: bool) -> None:
+    """The test above across processes: the first holds the money, asks for confirmation and is SIGKILLed once
+    ADK saved the request in its SQLite session; a new process sends the confirmation on that session. ADK runs
+    the tool again from its top: with the plugin the call was kept paused in the ledger file, so the hold
+    replays; the control, the same agent without the plugin, holds the money twice."""
+    ledger_path, effects = tmp_path / "ledger.db", tmp_path / "effects.txt"
+    args = (str(ledger_path), str(tmp_path / "sessions.db"), str(effects), protect)
+    killed = run_in_child(confirmation_child, *args, kill_at=CONFIRMING, timeout=60)
+    assert killed.killed
+    assert effects.read_text().split() == ["A1"]
+    assert ("hold_funds ran WITHOUT replay protection" in killed.stderr) is not protect  # the control's step, said
+    with SqliteLedger(ledger_path) as ledger:  # what the killed process left: the call paused, its hold recorded
+        assert statuses(ledger) == ({"refund_order": Status.PAUSED, "hold_funds": Status.COMPLETED} if protect else {})
+
+    resumed = run_in_child(confirmation_child, *args, timeout=60)
+    assert resumed.value == ["Refunded."]  # the model's answer, once the confirmed refund ran
+    assert effects.read_text().split() == (["A1"] if protect else ["A1", "A1"])
 
 
 async def test_a_tool_that_requires_confirmation_runs_once_approved(ledger: SqliteLedger) -> None:
@@ -322,7 +390,7 @@ async def run_workflow(plugin: ReplaySafePlugin, tool: FunctionTool, times: int)
         await runner.close()
 
 
-async def test_a_call_no_model_event_holds_warns_once_per_tool_naming_the_missing_id(ledger: SqliteLedger) -> None:
+async def test_a_call_no_model_event_holds_warns_once_per_tool_naming_the_missing_id(sql_ledger: Ledger) -> None:
     refunds: list[str] = []
 
     def refund_order(order_id: str) -> str:
@@ -331,7 +399,7 @@ async def test_a_call_no_model_event_holds_warns_once_per_tool_naming_the_missin
         return f"re_{order_id}"
 
     with pytest.warns(UnprotectedCallWarning) as warned:
-        await run_workflow(ReplaySafePlugin(ledger), FunctionTool(refund_order), times=2)
+        await run_workflow(ReplaySafePlugin(sql_ledger), FunctionTool(refund_order), times=2)
     assert refunds == ["A1", "A1"]  # run, unprotected
     assert len(warned) == 1  # once per tool, not per call
     message = str(warned[0].message)
@@ -339,7 +407,7 @@ async def test_a_call_no_model_event_holds_warns_once_per_tool_naming_the_missin
     assert "Workflow's tool node" in message
     assert 'key="args"' in message
     assert "use an adapter" not in message
-    assert list(ledger.records()) == []
+    assert list(sql_ledger.records()) == []
 
 
 async def test_a_call_no_model_event_holds_is_refused_under_on_missing_ids_raise(ledger: SqliteLedger) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from replaysafe import SqliteLedger
+from replaysafe import Ledger, SqliteLedger, open_ledger
 
 #: Warnings LlamaIndex itself gives: on every agent it builds (its workflow lists the pydantic model's members,
 #: touching attributes pydantic deprecates), and in ReActAgent's model step (it asks ``ctx.is_running``, which
@@ -52,3 +52,17 @@ def postgres_ledger_url() -> Iterator[str]:
     yield urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
     with psycopg.connect(urllib.parse.urlunsplit(parts._replace(scheme="postgresql")), autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # our own generated identifier
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
+    """A ledger on SQLite, then on PostgreSQL (in a schema of the test's own): for the tests that run on both."""
+    if request.param == "sqlite":
+        with SqliteLedger(tmp_path / "ledger.db") as opened:
+            yield opened
+        return
+    ledger = open_ledger(request.getfixturevalue("postgres_ledger_url"))
+    try:
+        yield ledger
+    finally:
+        ledger.close()

@@ -11,6 +11,7 @@ parameter's annotation is the class itself, not a string.
 
 import asyncio
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,14 +31,16 @@ from llama_index.core.workflow import Context, HumanResponseEvent, InputRequired
 
 from replaysafe import (
     CallKey,
+    Ledger,
     MemoryLedger,
     ReplayMismatchError,
     SqliteLedger,
+    Status,
     UnprotectedCallWarning,
     current_call,
     replay_safe,
 )
-from replaysafe.testing import Script, ScriptedCall
+from replaysafe.testing import Script, ScriptedCall, kill_point, run_in_child
 from replaysafe_llamaindex import MISSING_IDS_FIX, message_id, replay_safe_agent
 from replaysafe_llamaindex.testing import scripted_llm
 
@@ -174,7 +177,7 @@ def test_the_message_id_is_the_providers_or_a_digest_of_the_answer() -> None:
     assert message_id(other) != message_id(without)
 
 
-async def test_a_tool_that_raises_is_not_recorded_and_the_model_reads_the_error(ledger: SqliteLedger) -> None:
+async def test_a_tool_that_raises_is_not_recorded_and_the_model_reads_the_error(sql_ledger: Ledger) -> None:
     """LlamaIndex answers the exception with an error ``ToolOutput`` for the model; the adapter records no
     outcome, so a run asked again runs the tool again (docs/adapters.md, section 7), decorated or not."""
     attempts: list[str] = []
@@ -184,7 +187,7 @@ async def test_a_tool_that_raises_is_not_recorded_and_the_model_reads_the_error(
         attempts.append("plain")
         raise RuntimeError("the bank is down")
 
-    @replay_safe(ledger=ledger)
+    @replay_safe(ledger=sql_ledger)
     def charge(order_id: str) -> str:
         """Charge an order."""
         attempts.append("decorated")
@@ -196,7 +199,9 @@ async def test_a_tool_that_raises_is_not_recorded_and_the_model_reads_the_error(
             FunctionTool.from_defaults(fn=refund_order),
             FunctionTool.from_defaults(fn=charge),
         ]
-        agent = replay_safe_agent(FunctionAgent(tools=tools, llm=scripted_llm(script)), ledger=ledger, thread_id=THREAD)
+        agent = replay_safe_agent(
+            FunctionAgent(tools=tools, llm=scripted_llm(script)), ledger=sql_ledger, thread_id=THREAD
+        )
         result = await run_agent(agent)
         assert sorted((call.tool_output.is_error, call.tool_output.content) for call in result.tool_calls) == [
             (True, "the bank is down"),
@@ -204,7 +209,7 @@ async def test_a_tool_that_raises_is_not_recorded_and_the_model_reads_the_error(
         ]
     assert sorted(attempts) == ["decorated", "decorated", "plain", "plain"]
     message, call_ids = script.ids("openai-chat", 0)
-    assert all(ledger.get(CallKey(THREAD, message, call_id)) is None for call_id in call_ids)
+    assert all(sql_ledger.get(CallKey(THREAD, message, call_id)) is None for call_id in call_ids)
 
 
 async def test_replaysafes_refusal_ends_the_run_instead_of_reaching_the_model(ledger: SqliteLedger) -> None:
@@ -234,7 +239,7 @@ async def test_replaysafes_refusal_ends_the_run_instead_of_reaching_the_model(le
     assert effects.done == ["refund A1", "decorated A1"]
 
 
-async def test_a_missing_tool_id_is_named_once_per_tool(ledger: SqliteLedger) -> None:
+async def test_a_missing_tool_id_is_named_once_per_tool(sql_ledger: Ledger) -> None:
     """A model that gives its calls no ids (LlamaIndex then passes ``tool_id=""``): each call runs unprotected,
     and one warning per tool, not per call, says which id is missing and what to do."""
     effects = Effects()
@@ -250,7 +255,7 @@ async def test_a_missing_tool_id_is_named_once_per_tool(ledger: SqliteLedger) ->
         return ChatMessage(role=MessageRole.ASSISTANT, blocks=list(calls))
 
     agent = FunctionAgent(tools=tools_of(effects), llm=MockFunctionCallingLLM(response_generator=answer))
-    wrapped = replay_safe_agent(agent, ledger=ledger, thread_id=THREAD)
+    wrapped = replay_safe_agent(agent, ledger=sql_ledger, thread_id=THREAD)
 
     async def two_runs() -> None:
         await run_agent(wrapped)
@@ -264,6 +269,7 @@ async def test_a_missing_tool_id_is_named_once_per_tool(ledger: SqliteLedger) ->
     assert messages[1].startswith("send_email ran WITHOUT replay protection: the call's tool_call_id is empty")
     assert all(MISSING_IDS_FIX in message for message in messages)
     assert len(effects.done) == 8  # nothing protected: every call ran
+    assert list(sql_ledger.records()) == []
 
 
 async def test_a_side_effect_before_a_wait_for_a_human_runs_once_across_the_wait_and_a_saved_context(
@@ -323,6 +329,89 @@ async def charges_across_a_wait(path: Path, *, protect: bool) -> list[str]:
     assert [call.tool_output.content for call in result.tool_calls] == ["ch_A1 approved"]
     ledger.close()
     return charges
+
+
+#: Where the first process of the crash test below dies: the question is out and the Context saved with it.
+WAITING = "waiting-for-a-human"
+
+
+def wait_child(ledger_path: str, effects_path: str, context_path: str, protect: bool) -> list[str]:
+    """One process of a refund that charges a fee (a ``@replay_safe`` step), then waits for a person.
+
+    With no saved Context it starts the run and, at the question, saves the Context to ``context_path`` (as a
+    user saves it for an answer that may come in a day) and is SIGKILLed there (``kill_point``). With one, it
+    restores it in a new agent (``Context.from_dict``), sends the person's approval and returns the call's output.
+    Each charge is a line appended to ``effects_path``: the count survives the processes.
+    """
+    saved = Path(context_path)
+    data = json.loads(saved.read_text()) if saved.exists() else None
+    with SqliteLedger(ledger_path) as ledger:
+        return asyncio.run(wait_run(ledger, Path(effects_path), saved, data, protect))
+
+
+def save_context(path: Path, ctx: Context) -> None:
+    """The context written whole (a process killed mid-write leaves none)."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(ctx.to_dict(serializer=SERIALIZER)))
+    os.replace(temporary, path)
+
+
+async def wait_run(ledger: Ledger, effects: Path, saved: Path, data: dict[str, Any] | None, protect: bool) -> list[str]:
+    def charge_card(order_id: str) -> str:
+        with effects.open("a") as file:
+            file.write(f"{order_id}\n")
+        return f"ch_{order_id}"
+
+    charge = replay_safe(name="charge", ledger=ledger)(charge_card)  # a step: protected inside a protected call
+
+    async def refund_after_approval(ctx: Context, order_id: str) -> str:
+        """Charge the fee, then ask a person to approve the refund."""
+        fee = charge(order_id)
+        answer = await ctx.wait_for_event(
+            HumanResponseEvent,
+            waiter_event=InputRequiredEvent(prefix=f"Refund {order_id}?"),  # type: ignore[call-arg]
+        )
+        return f"{fee} {answer.response}"
+
+    script = Script(((ScriptedCall("refund_after_approval", {"order_id": "A1"}),), "Done."), name="wait-crash")
+    agent = FunctionAgent(tools=[FunctionTool.from_defaults(async_fn=refund_after_approval)], llm=scripted_llm(script))
+    if protect:
+        agent = replay_safe_agent(agent, ledger=ledger, thread_id=THREAD)
+    if data is None:
+        ctx = Context(agent)
+        handler = agent.run(user_msg="Refund A1", ctx=ctx, memory=memory())
+        async for event in handler.stream_events():
+            if isinstance(event, InputRequiredEvent):
+                save_context(saved, ctx)
+                kill_point(WAITING)  # SIGKILL: the process dies while the person has not answered
+        raise AssertionError("the run ended without waiting for a person")
+    handler = agent.run(ctx=Context.from_dict(agent, data, serializer=SERIALIZER))
+    assert handler.ctx is not None
+    handler.ctx.send_event(HumanResponseEvent(response="approved"))  # type: ignore[call-arg]
+    result: Any = await asyncio.wait_for(handler, 30)
+    return [str(call.tool_output.content) for call in result.tool_calls]
+
+
+@pytest.mark.parametrize("protect", [True, False], ids=["adapter", "control"])
+def test_a_charge_before_a_wait_for_a_human_runs_once_across_a_kill_in_the_wait(tmp_path: Path, protect: bool) -> None:
+    """The test above across processes: the first one charges, asks the person, saves its ``Context`` and is
+    SIGKILLed while it waits; a new process restores the Context and answers. LlamaIndex runs the waiting step
+    again from its top: with the adapter the call was kept paused in the ledger file, so the charge replays; the
+    control, the same agent without the adapter, charges twice."""
+    ledger_path, effects, saved = tmp_path / "ledger.db", tmp_path / "effects.txt", tmp_path / "context.json"
+    args = (str(ledger_path), str(effects), str(saved), protect)
+    killed = run_in_child(wait_child, *args, kill_at=WAITING, timeout=60)
+    assert killed.killed
+    assert saved.exists()
+    assert ("charge ran WITHOUT replay protection" in killed.stderr) is not protect  # the control's step, said
+    assert effects.read_text().split() == ["A1"]
+    with SqliteLedger(ledger_path) as ledger:  # what the killed process left: the call paused, its charge recorded
+        left = {record.tool_name: record.status for record in ledger.records()}
+    assert left == ({"refund_after_approval": Status.PAUSED, "charge": Status.COMPLETED} if protect else {})
+
+    resumed = run_in_child(wait_child, *args, timeout=60)
+    assert resumed.value == ["ch_A1 approved"]
+    assert effects.read_text().split() == (["A1"] if protect else ["A1", "A1"])
 
 
 async def test_a_replanned_call_replays_under_key_args(ledger: SqliteLedger) -> None:

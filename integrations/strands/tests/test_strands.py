@@ -20,8 +20,16 @@ from strands.tools.executors import ConcurrentToolExecutor, SequentialToolExecut
 from strands.types.content import Message, Messages
 from strands.types.exceptions import EventLoopException
 
-from replaysafe import CallKey, Ledger, ReplayMismatchError, Status, UnprotectedCallWarning, replay_safe
-from replaysafe.testing import Script, ScriptedCall
+from replaysafe import (
+    CallKey,
+    Ledger,
+    ReplayMismatchError,
+    SqliteLedger,
+    Status,
+    UnprotectedCallWarning,
+    replay_safe,
+)
+from replaysafe.testing import Script, ScriptedCall, kill_point, run_in_child
 from replaysafe_strands import ReplaySafeHooks
 from replaysafe_strands.testing import ScriptedModel, tracking_id
 
@@ -153,7 +161,7 @@ def test_a_new_turn_with_the_same_tool_use_id_runs(ledger: Ledger) -> None:
     assert effects == ["refund A1", "refund A1"]  # another message with call_1: a new call
 
 
-def test_a_tool_that_raises_is_not_recorded_and_runs_again(ledger: Ledger) -> None:
+def test_a_tool_that_raises_is_not_recorded_and_runs_again(sql_ledger: Ledger) -> None:
     """Strands turns the error into an error result for the model; the call is not recorded, so a resume of the
     turn runs the tool again (docs/adapters.md, section 7). An error result the tool returns is not recorded
     either."""
@@ -177,20 +185,20 @@ def test_a_tool_that_raises_is_not_recorded_and_runs_again(ledger: Ledger) -> No
         ((ScriptedCall("refund_order", {"order_id": "A1"}), ScriptedCall("lookup_order", {"order_id": "A1"})), "."),
         name="raises",
     )
-    hooks = [ReplaySafeHooks(ledger, thread_id=THREAD)]
+    hooks = [ReplaySafeHooks(sql_ledger, thread_id=THREAD)]
     first = build(script, [refund_order, lookup_order], hooks=hooks)
     first("Refund A1")
     assert [result["status"] for result in results(first)] == ["error", "error"]
     message = tracking_id(script, 0)
     _, call_ids = script.ids("bedrock", 0)
-    assert all(ledger.get(CallKey(THREAD, message, call_id)) is None for call_id in call_ids)
+    assert all(sql_ledger.get(CallKey(THREAD, message, call_id)) is None for call_id in call_ids)
 
-    resumed = build(script, [refund_order, lookup_order], hooks=[ReplaySafeHooks(ledger, thread_id=THREAD)])
+    resumed = build(script, [refund_order, lookup_order], hooks=[ReplaySafeHooks(sql_ledger, thread_id=THREAD)])
     resumed.messages = pending_turn(first)
     resumed()
     assert sorted(attempts) == ["A1", "A1", "lookup A1", "lookup A1"]
     assert [result["status"] for result in results(resumed)] == ["success", "error"]
-    record = ledger.get(CallKey(THREAD, message, call_ids[0]))
+    record = sql_ledger.get(CallKey(THREAD, message, call_ids[0]))
     assert record is not None
     assert record.status is Status.COMPLETED
 
@@ -247,7 +255,7 @@ def caught(run: Callable[[], object]) -> list[str]:
     return [str(w.message) for w in said if issubclass(w.category, UnprotectedCallWarning)]
 
 
-def test_a_missing_thread_id_is_said_once_per_tool(ledger: Ledger) -> None:
+def test_a_missing_thread_id_is_said_once_per_tool(sql_ledger: Ledger) -> None:
     """An agent with no session manager and no thread id runs its tools unprotected, with one warning per tool
     that names the missing id and what to do."""
     effects: list[str] = []
@@ -260,12 +268,12 @@ def test_a_missing_thread_id_is_said_once_per_tool(ledger: Ledger) -> None:
         ),
         name="no-thread",
     )
-    agent = build(script, tools, hooks=[ReplaySafeHooks(ledger)])
+    agent = build(script, tools, hooks=[ReplaySafeHooks(sql_ledger)])
     said = caught(lambda: agent("Refund A1 and B2"))
     assert sorted(effects) == ["email ana@example.com", "refund A1", "refund B2"]
     assert len(said) == 2, said  # refund_order twice, send_email once: one warning each
     assert all("thread_id is empty" in text and "session manager" in text for text in said), said
-    assert list(ledger.records()) == []
+    assert list(sql_ledger.records()) == []
 
 
 def test_the_thread_id_can_come_with_the_invocation(ledger: Ledger) -> None:
@@ -344,6 +352,72 @@ def test_a_step_before_an_interrupt_runs_once_across_the_pause_and_resume(
     else:
         assert caught(run)  # the step has no call to belong to: unprotected, said
         assert charges == ["A1", "A1"]
+
+
+#: Where the first process of the crash test below dies: the interrupt raised and saved in the session.
+INTERRUPTED = "waiting-for-an-approval"
+
+
+def interrupt_child(ledger_path: str, sessions_dir: str, effects_path: str, protect: bool) -> str:
+    """One process of the refund of the test above, its session a ``FileSessionManager`` under ``sessions_dir``.
+
+    With no interrupt noted yet it asks for the refund: the tool charges (a ``@replay_safe`` step, a line appended
+    to ``effects_path`` each time it runs) and interrupts for a human; Strands saves the interrupt in the session,
+    the process notes its id (as an app shows the question) and is SIGKILLed (``kill_point``) before anyone
+    answers. Otherwise it answers the interrupt on a new agent restored from the session and returns the answer.
+    ``protect=False`` is the same agent without the hooks.
+    """
+    effects, noted = Path(effects_path), Path(sessions_dir) / "interrupt-id.txt"
+
+    @replay_safe
+    def charge(order_id: str) -> str:
+        with effects.open("a") as file:
+            file.write(f"{order_id}\n")
+        return f"ch_{order_id}"
+
+    @tool(context=True)
+    def refund_order(order_id: str, tool_context: ToolContext) -> str:
+        """Charge the restocking fee, then refund once a human approves."""
+        fee = charge(order_id)
+        answer = tool_context.interrupt("approve-refund", reason="refund order A1?")
+        return f"{fee}, refund {answer}"
+
+    script = Script(((ScriptedCall("refund_order", {"order_id": "A1"}),), "Refunded."), name="interrupt-crash")
+    with SqliteLedger(ledger_path) as ledger:
+        session = FileSessionManager(session_id="order-A1", storage_dir=sessions_dir)
+        agent = build(script, [refund_order], hooks=[ReplaySafeHooks(ledger)] if protect else [], session=session)
+        if not noted.exists():
+            paused = agent("Refund A1")
+            assert paused.stop_reason == "interrupt"
+            assert paused.interrupts is not None
+            (interrupt,) = paused.interrupts
+            noted.write_text(interrupt.id)
+            kill_point(INTERRUPTED)  # SIGKILL: the process dies while the human has not answered
+            raise AssertionError("the agent was not killed at the interrupt")
+        response: list[Any] = [{"interruptResponse": {"interruptId": noted.read_text(), "response": "approved"}}]
+        return str(agent(response)).strip()
+
+
+@pytest.mark.parametrize("protect", [True, False], ids=["with-hooks", "control"])
+def test_a_step_before_an_interrupt_runs_once_across_a_kill_in_the_pause(tmp_path: Path, protect: bool) -> None:
+    """The test above across processes: the first charges, interrupts for a human and is SIGKILLed once Strands
+    saved the interrupt in its file session; a new process restores the agent from the session and answers.
+    Strands runs the tool again from its top: with the hooks the call was kept paused in the ledger file, so the
+    charge replays; the control, the same agent without the hooks, charges twice."""
+    ledger_path, sessions, effects = tmp_path / "ledger.db", tmp_path / "sessions", tmp_path / "effects.txt"
+    sessions.mkdir()
+    args = (str(ledger_path), str(sessions), str(effects), protect)
+    killed = run_in_child(interrupt_child, *args, kill_at=INTERRUPTED, timeout=60)
+    assert killed.killed
+    assert effects.read_text().split() == ["A1"]
+    assert ("charge ran WITHOUT replay protection" in killed.stderr) is not protect  # the control's step, said
+    with SqliteLedger(ledger_path) as ledger:  # what the killed process left: the call paused, its charge recorded
+        left = {record.tool_name: record.status for record in ledger.records()}
+    assert left == ({"refund_order": Status.PAUSED, "charge": Status.COMPLETED} if protect else {})
+
+    resumed = run_in_child(interrupt_child, *args, timeout=60)
+    assert resumed.value == "Refunded."
+    assert effects.read_text().split() == (["A1"] if protect else ["A1", "A1"])
 
 
 class Approvals:
