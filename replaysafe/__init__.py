@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import approvals
 from ._codec import JsonSerializer, Serializer
 from ._config import register_pause, set_default_ledger, set_default_timeouts
 from ._context import CallInfo, InDoubt, current_call, current_call_or_none, node, tool_call
-from ._core import RERUN
+from ._core import RERUN, LateResult
 from ._decorator import is_replay_safe, replay_safe
 from ._errors import (
     CONTROL_ERRORS,
+    ApprovalExpiredError,
+    ApprovalMismatchError,
+    ApprovalRejectedError,
+    ApprovalRequiredError,
     ArgumentDigestError,
     CallInDoubtError,
     CallInProgressError,
@@ -31,8 +36,9 @@ from ._errors import (
 from ._events import Event, EventKind, on_event
 from ._identity import idempotency_key
 from ._otel import instrument_opentelemetry
-from ._records import CallKey, ClaimResult, Record, Status
+from ._records import CallKey, ClaimResult, Record, Status, Undone
 from ._shapes import ResultShape
+from ._undo import aundo
 from .ledgers import Ledger, MemoryLedger, open_ledger, register_ledger
 
 if TYPE_CHECKING:
@@ -43,6 +49,10 @@ if TYPE_CHECKING:
     from .ledgers.tiered import TieredLedger
 
 __all__ = [
+    "ApprovalExpiredError",
+    "ApprovalMismatchError",
+    "ApprovalRejectedError",
+    "ApprovalRequiredError",
     "ArgumentDigestError",
     "CONTROL_ERRORS",
     "CallInDoubtError",
@@ -55,6 +65,7 @@ __all__ = [
     "InDoubt",
     "InvalidCallIdError",
     "JsonSerializer",
+    "LateResult",
     "Ledger",
     "LedgerError",
     "MemoryLedger",
@@ -77,7 +88,10 @@ __all__ = [
     "TamperedRecordError",
     "TieredLedger",
     "ToolTimeoutError",
+    "Undone",
     "UnprotectedCallWarning",
+    "approvals",
+    "aundo",
     "current_call",
     "current_call_or_none",
     "idempotency_key",

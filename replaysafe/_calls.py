@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._core import Claim, Complete, Get, Release, Renew, Takeover
+from ._records import Status
 
 
 def _claim(target: Any, op: Claim) -> Any:
@@ -25,7 +26,18 @@ def _claim(target: Any, op: Claim) -> Any:
 
 
 def _takeover(target: Any, op: Takeover) -> Any:
-    return target.takeover(op.record, owner=op.owner, now=op.now, lease_expires_at=op.lease_expires_at)
+    if op.result is None and op.status is Status.RUNNING and op.args_digest is None:
+        # A plain takeover, as every ledger has always taken it (a ledger of an earlier version too).
+        return target.takeover(op.record, owner=op.owner, now=op.now, lease_expires_at=op.lease_expires_at)
+    return target.takeover(
+        op.record,
+        owner=op.owner,
+        now=op.now,
+        lease_expires_at=op.lease_expires_at,
+        status=op.status,
+        result=op.result,
+        args_digest=op.args_digest,
+    )
 
 
 def _complete(target: Any, op: Complete) -> Any:

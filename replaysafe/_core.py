@@ -29,10 +29,15 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
 from . import _constants, _unrecorded
+from ._approvals import STATE_PREFIX, Approval, CallState, Granted, Refusal, check, parse_state
 from ._codec import JsonSerializer, Reviver, Serializer, reviver_for
 from ._context import CallInfo, CallScope, InDoubt, RecordedSteps, RunningCall
 from ._errors import (
     CONTROL_ERRORS,
+    ApprovalExpiredError,
+    ApprovalMismatchError,
+    ApprovalRejectedError,
+    ApprovalRequiredError,
     CallInDoubtError,
     CallInProgressError,
     LedgerError,
@@ -48,7 +53,7 @@ from ._errors import (
 )
 from ._events import EventKind
 from ._identity import call_idempotency_key
-from ._keys import ARGS_MESSAGE_ID, BUSINESS_THREAD_ID, step_key, step_ordinal, step_parent
+from ._keys import ARGS_MESSAGE_ID, BUSINESS_THREAD_ID, late_key, step_key, step_ordinal, step_parent
 from ._records import CallKey, ClaimResult, Record, Status, new_tuple
 from ._sealing import Sealer, unsealed
 
@@ -110,6 +115,12 @@ class ToolSpec:
     #: ``earlier(key, args, kwargs, args_digest)``: the call as the earlier key rules (rs0) identified it, so that
     #: a record written under them is found and replayed, never run again; ``None``: nothing to find.
     earlier: Callable[[CallKey, tuple[Any, ...], Mapping[str, Any], str], Earlier] | None = None
+    #: Whether every run of the tool spends an approval (docs/approvals.md).
+    needs_approval: bool = False
+    #: The digest of a call given ``arguments`` by name: how an approver's edit is checked.
+    digest_of: Callable[[Mapping[str, Any]], str] | None = None
+    #: Called with a ``LateResult`` when a run ends after its call was settled elsewhere.
+    on_late_result: Callable[[LateResult], Any] | None = None
     _reviver: Reviver | None = _UNRESOLVED
 
     def decode(self, text: str | None) -> Any:
@@ -190,6 +201,17 @@ class Takeover(NamedTuple):
     owner: str
     now: datetime
     lease_expires_at: datetime
+    #: What the record becomes: ``running`` (a run), or ``paused`` (an approver's decision, or a call that
+    #: must be approved again).
+    status: Status = Status.RUNNING
+    #: The new record's result: the call's approval state, sealed on a signing ledger.
+    result: str | None = None
+    #: The new record's argument digest, when it runs an approver's edit; ``None`` keeps the record's.
+    args_digest: str | None = None
+    #: What is written in its place when the takeover's outcome is unknown (it may have landed, and the tool
+    #: did not run): ``(status, result)``, sealed; ``None``: in doubt, with no result. A spent approval is put
+    #: back unspent; a call that ran on one keeps saying so.
+    doubt: tuple[Status, str | None] | None = None
 
     @property
     def key(self) -> CallKey:
@@ -249,6 +271,10 @@ class Run:
     lease: timedelta
     args_digest: str = ""
     sealer: Sealer | None = None
+    #: The approval this run spent, kept in the record of how it ends if it does not finish.
+    approval: Approval | None = None
+    #: Whether the call runs only on an approval (kept in its record if it does not finish).
+    gated: bool = False
 
 
 class Reconcile(NamedTuple):
@@ -258,6 +284,27 @@ class Reconcile(NamedTuple):
     call: CallInfo
     #: The takeover's run: the reconciler answers in the tool's place, under that run's lease.
     run: Run
+
+
+class LateResult(NamedTuple):
+    """How a run ended after its call was settled elsewhere (taken over, resolved by an operator, or removed
+    to run again): ``on_late_result``'s argument. The settlement stands; this is kept beside it."""
+
+    #: The call, as the late run saw it (its ``attempt``, its ``idempotency_key``).
+    call: CallInfo
+    #: ``completed`` (it returned ``result``) or ``failed`` (it raised, under ``record_errors``).
+    status: Status
+    #: What the tool returned (``None`` when it failed).
+    result: Any
+    #: The call's record as settled, as the late run found it (``None``: removed, to run again).
+    settled: Record | None
+
+
+class Notify(NamedTuple):
+    """Hand ``late`` to the application's ``on_late_result`` hook; nothing comes back."""
+
+    hook: Callable[[LateResult], Any]
+    late: LateResult
 
 
 class ToolExit(BaseException):
@@ -275,7 +322,7 @@ class Replay(NamedTuple):
     value: Any
 
 
-Effect = LedgerOp | Sleep | Run | Reconcile
+Effect = LedgerOp | Sleep | Run | Reconcile | Notify
 Protocol = Generator[Effect, Any, Any]
 
 
@@ -290,7 +337,8 @@ def undo_for(op: LedgerOp) -> Complete | Release | None:
     if isinstance(op, Claim):
         return Release(op.key, op.owner)
     if isinstance(op, Takeover):
-        return Complete(op.key, op.owner, Status.IN_DOUBT, None, op.now)
+        status, result = op.doubt or (Status.IN_DOUBT, None)
+        return Complete(op.key, op.owner, status, result, op.now)
     if isinstance(op, (Complete, Release)):
         return op
     return None  # a read, or a renewal the next tick makes again
@@ -457,13 +505,15 @@ def _run(
     args_digest: str,
     sealer: Sealer | None,
     recorded: RecordedSteps | None = None,
+    approval: Approval | None = None,
 ) -> Run:
     """The decision to run attempt ``attempt`` of the call, claimed by ``owner``; ``recorded``: what the
-    record of its last execution says of its steps, when it runs again after a pause or in doubt."""
+    record of its last execution says of its steps, when it runs again after a pause or in doubt;
+    ``approval``: the approval the run spends."""
     call = RunningCall.of(scope, spec.name, attempt, args, kwargs)
     if recorded is not None:
         call.run_again(recorded)
-    return Run(call, owner, timeout, host, host.monotonic(), lease, args_digest, sealer)
+    return Run(call, owner, timeout, host, host.monotonic(), lease, args_digest, sealer, approval)
 
 
 # --- steps: their places in a call run again ---------------------------------------------
@@ -474,33 +524,61 @@ def _run(
 STEPS_PREFIX = "rs-steps-1:"
 
 
-def _steps_text(call: CallInfo) -> str | None:
-    """What the record of ``call``'s execution keeps of its steps when it pauses or stops in doubt: the
-    tool name at each place, this execution's, then those of the last execution past where this one
-    got; ``None`` when no execution made a step (the record then has no result, as before steps)."""
+def _steps_made(call: CallInfo) -> list[str]:
+    """The tool name at each place of ``call``'s steps: this execution's, then those of the last
+    execution past where this one got."""
     if not isinstance(call, RunningCall):
-        return None
-    names = call.steps_made()
+        return []
+    names = list(call.steps_made())
     recorded = call.recorded_steps
     if recorded is not None and len(recorded.names) > len(names):
         names += recorded.names[len(names) :]
+    return names
+
+
+def _state_text(run: Run, status: Status) -> str | None:
+    """What the record of ``run``'s call keeps when it pauses or stops in doubt (``status``): its steps,
+    and, for a run that spent an approval, that approval (so the call is never run again on it);
+    ``None`` when there is nothing to keep (the record then has no result, as before steps)."""
+    names = _steps_made(run.call)
+    if run.approval is not None or run.gated:
+        spent = run.approval
+        state = CallState(tuple(names), True, spent=spent, may_have_run=spent is not None and status is Status.IN_DOUBT)
+        return state.text()
     return STEPS_PREFIX + json.dumps(names) if names else None
 
 
-def _recorded_steps(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> RecordedSteps | None:
-    """What ``record`` (paused, or in doubt) says of the steps its call made, its seal checked first on a
-    ledger that signs records (a paused record's always, result or not: it lets the call run again).
-    ``None`` when it says nothing: no step was made, or it was written before steps were kept there."""
+#: A record that says nothing of steps or approvals.
+_NO_STATE = CallState()
+
+
+def _call_state(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> CallState:
+    """What ``record`` (not finished) says of its call's steps and approvals, its seal checked first on a
+    ledger that signs records (a paused record's always, result or not: it lets the call run again)."""
     text = _trusted_text(spec, host, record, sealer)
-    if text is None or not text.startswith(STEPS_PREFIX) or record.status not in (Status.PAUSED, Status.IN_DOUBT):
-        return None
+    if text is None:
+        return _NO_STATE
+    if text.startswith(STATE_PREFIX):
+        # Written by this library and sealed: unreadable only across versions. It then asks for an
+        # approval rather than run a call that may have needed one.
+        return parse_state(text) or CallState(requested=True)
+    if not text.startswith(STEPS_PREFIX) or record.status not in (Status.PAUSED, Status.IN_DOUBT):
+        return _NO_STATE
     try:
         names = json.loads(text[len(STEPS_PREFIX) :])
     except ValueError:
-        return None
+        return _NO_STATE
     if not isinstance(names, list) or not all(type(name) is str for name in names):
+        return _NO_STATE
+    return CallState(tuple(names))
+
+
+def _recorded_steps(record: Record, state: CallState) -> RecordedSteps | None:
+    """What ``record`` (paused, or in doubt) says of the steps its call made; ``None`` when it says
+    nothing: no step was made, or it was written before steps were kept there."""
+    if not state.steps or record.status not in (Status.PAUSED, Status.IN_DOUBT):
         return None
-    return RecordedSteps(record.status, tuple(names))
+    return RecordedSteps(record.status, state.steps)
 
 
 def _check_place(spec: ToolSpec, host: Host, parent: CallInfo, key: CallKey) -> Generator[Effect, Any, None]:
@@ -577,9 +655,11 @@ def _protocol(
         record = found.record
         if record.key != key:
             _report_moved(spec, host, key, record)
-        if record.tool_name != spec.name or (
+        mismatched = record.tool_name != spec.name or (
             record.args_digest != args_digest and not _recorded_earlier(spec, record, args, kwargs, args_digest)
-        ):
+        )
+        # A paused call of this tool asked with other arguments may be an approver's edit: its approval says.
+        if mismatched and (record.status is not _PAUSED or record.tool_name != spec.name):
             _report_mismatch(spec, host, record, args_digest)
         if found.claimed and record.attempt == 1 and _derived(key):
             # A key derived from the call (key="args", a business key) was another before rs1: a
@@ -589,6 +669,8 @@ def _protocol(
                 continue  # its record is now under this key: read it as any recorded call
         # Our own record: a claim whose first answer was lost and was tried again.
         if found.claimed or (record.status is _RUNNING and record.owner == owner):
+            if spec.needs_approval:  # its first run waits for an approval: kept paused, nothing runs
+                yield from _ask_approval(spec, host, record, owner, _NO_STATE, sealer, claimed=True)
             decision = _run(spec, scope, record.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer)
             break
         verdict = judge(record, now, host.owner_alive)
@@ -613,10 +695,58 @@ def _protocol(
             # its owner stopped on purpose, at a point where nothing was left half done. So its
             # seal is checked first: a record flipped to paused would run a finished call again.
             policy: InDoubt = "rerun"
-            steps = _recorded_steps(spec, host, record, sealer)  # what its last execution made (seal checked)
+            state = _call_state(spec, host, record, sealer)  # what its last execution left (seal checked)
+            steps = _recorded_steps(record, state)
+            # A call that runs only on an approval: each run spends one, and none runs twice on one.
+            gated = spec.needs_approval or not state.plain
+            if verdict is _RESUME and gated:
+                granted = _granted(spec, host, record, state, args_digest, mismatched, now)  # raises if refused
+                # One compare-and-set takes the call over and spends the approval: two workers, or a
+                # retry, cannot both run on it; the running record says it ran on it, crash or not.
+                running = CallState(state.steps, True, spent=granted.approval)
+                digest = granted.args_digest
+                spend = Takeover(
+                    record,
+                    owner,
+                    now,
+                    now + lease,
+                    _RUNNING,
+                    _sealed(sealer, key, spec.name, digest, _RUNNING, running.text()),
+                    digest if digest != record.args_digest else None,
+                    # Its outcome unknown, the tool has not run: the approval is put back, unspent, bound to
+                    # the record as the takeover left it (its attempt).
+                    (_PAUSED, _sealed(sealer, key, spec.name, digest, _PAUSED, _put_back(state, record).text())),
+                )
+                # A LedgerError is raised: an approved call never runs unprotected.
+                spending: Record | None = yield from _take_over(spend)
+                if spending is None:
+                    continue  # decided again, or taken by another worker: look again
+                ran_args, ran_kwargs = ((), granted.args) if granted.args is not None else (args, kwargs)
+                decision = _run(
+                    spec,
+                    scope,
+                    spending.attempt,
+                    ran_args,
+                    ran_kwargs,
+                    owner,
+                    timeout,
+                    host,
+                    lease,
+                    digest,
+                    sealer,
+                    steps,
+                )
+                decision.approval = granted.approval
+                break
+            if mismatched:
+                _report_mismatch(spec, host, record, args_digest)
             if verdict is _IN_DOUBT:
                 policy = scope.in_doubt if scope.in_doubt is not None else spec.in_doubt
-                _report_in_doubt(spec, host, record, policy)
+                _report_in_doubt(spec, host, record, policy, gated)
+            if gated and policy == "rerun":
+                # Not run again on the approval it may have spent: kept paused for a new decision.
+                yield from _ask_approval(spec, host, record, owner, state, sealer, claimed=False)
+                continue  # decided or taken meanwhile: look again
             if policy == "raise":
                 idempotency_key = call_idempotency_key(*key, spec.name)
                 raise CallInDoubtError(
@@ -629,9 +759,12 @@ def _protocol(
                     tool_name=spec.name,
                     key=key,
                 )
+            carried = _carried(spec, record, state, sealer) if gated else ()
             try:
-                taken: Record | None = yield Takeover(record, owner, now, now + lease)
+                taken: Record | None = yield from _take_over(Takeover(record, owner, now, now + lease, *carried))
             except LedgerError as exc:
+                if gated:
+                    raise  # a call that runs only on an approval never runs unprotected
                 decision = _unprotected(spec, host, scope, exc, args, kwargs, timeout)
                 break
             if taken is None:
@@ -646,10 +779,13 @@ def _protocol(
                 owned = _run(
                     spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer, steps
                 )
+                owned.approval, owned.gated = state.spent, gated
                 answer = yield from _reconcile(spec, policy, owned, record.attempt)
                 if answer is not RERUN:
                     decision = Replay(answer)
                     break
+                if gated:  # a rerun of a call that runs only on an approval waits for a new one
+                    yield from _pause_for_approval(spec, owned, taken, state)
                 # The tool runs now: under a lease made fresh for it (the takeover's was written
                 # before the reconciler asked), and only if the call is still this owner's.
                 now = host.now()
@@ -671,7 +807,12 @@ def _protocol(
                     # Interrupted here: the takeover is still this owner's. Left in doubt, as when
                     # the reconciler itself is interrupted, for the next replay to settle.
                     yield from _finish(
-                        spec, owned, Status.IN_DOUBT, _steps_text(owned.call), fail_closed=False, reconciling=True
+                        spec,
+                        owned,
+                        Status.IN_DOUBT,
+                        _state_text(owned, Status.IN_DOUBT),
+                        fail_closed=False,
+                        reconciling=True,
                     )
                     raise
                 if not held:
@@ -852,10 +993,15 @@ def _report_moved(spec: ToolSpec, host: Host, key: CallKey, record: Record) -> N
     raise TamperedRecordError(message, tool_name=spec.name, key=key)
 
 
-def _report_in_doubt(spec: ToolSpec, host: Host, record: Record, policy: InDoubt) -> None:
+def _report_in_doubt(spec: ToolSpec, host: Host, record: Record, policy: InDoubt, gated: bool = False) -> None:
+    rerun = (
+        "It runs only on an approval, so it is not run again: it waits for a new decision."
+        if gated
+        else f"Running it again as attempt {record.attempt + 1}; hand current_call().idempotency_key to the "
+        "provider so it can dedupe."
+    )
     then = {
-        "rerun": f"Running it again as attempt {record.attempt + 1}; hand current_call().idempotency_key to the "
-        "provider so it can dedupe.",
+        "rerun": rerun,
         "raise": "Raising CallInDoubtError (in_doubt='raise'); settle it with "
         f"{_resolve_command(record.key)} --result '<json>' or --rerun.",
     }.get(policy if isinstance(policy, str) else "", f"Asking the reconciler {_callable_name(policy)}.")
@@ -908,7 +1054,9 @@ def _reconcile(spec: ToolSpec, reconciler: Reconciler, owned: Run, in_doubt: int
             f"{owned.call.attempt}); the call stays in doubt: the next replay asks again, or settle it with "
             f"{_resolve_command(call.key)} --result '<json>' or --rerun",
         )
-        yield from _finish(spec, owned, Status.IN_DOUBT, _steps_text(owned.call), fail_closed=False, reconciling=True)
+        yield from _finish(
+            spec, owned, Status.IN_DOUBT, _state_text(owned, Status.IN_DOUBT), fail_closed=False, reconciling=True
+        )
         raise
     recorded = yield from _finish(
         spec, owned, Status.COMPLETED, encoded, fail_closed=True, result=answer, reconciling=True
@@ -939,7 +1087,8 @@ def _unprotected(
     missing table, a denied permission) would do so on every call, so it always raises.
     """
     key = scope.key
-    if spec.on_ledger_error == "raise" or exc.permanent:
+    if spec.on_ledger_error == "raise" or exc.permanent or spec.needs_approval:
+        # A tool that runs only on an approval never runs unprotected: nothing would check one.
         host.emit(EventKind.LEDGER_ERROR, str(exc), tool_name=spec.name, key=key)
         raise exc
     host.emit(
@@ -952,6 +1101,187 @@ def _unprotected(
     )
     call = RunningCall.of(scope, spec.name, 1, args, kwargs)
     return Run(call, None, timeout, host, host.monotonic(), lease_length(spec.lease, timeout))
+
+
+# --- approvals: the call that runs only on one ---------------------------------------------
+
+
+def _sealed(sealer: Sealer | None, key: CallKey, tool_name: str, digest: str, status: Status, text: str) -> str:
+    return text if sealer is None else sealer.seal(key, tool_name, digest, status, text)
+
+
+def _approve_command(key: CallKey) -> str:
+    return f"{ledger_command('approve', key)} --by <name> (or reject)"
+
+
+def _ask_approval(
+    spec: ToolSpec, host: Host, record: Record, owner: str, state: CallState, sealer: Sealer | None, *, claimed: bool
+) -> Generator[Effect, Any, None]:
+    """Keep the call paused for a decision, then raise ``ApprovalRequiredError``; nothing runs. ``claimed``:
+    this owner holds the call's first claim (its record is finished as paused); else ``record`` (in doubt)
+    is taken over into a paused one, and a ``None`` return means it changed meanwhile (look again)."""
+    key = record.key
+    may_have_run = state.may_have_run or state.spent is not None
+    paused = CallState(state.steps, True, may_have_run=may_have_run)
+    text = _sealed(sealer, key, spec.name, record.args_digest, _PAUSED, paused.text())
+    if claimed:
+        yield new_tuple(Complete, (key, owner, _PAUSED, text, host.now()))
+    else:
+        now = host.now()
+        taken: Record | None = yield from _take_over(Takeover(record, owner, now, now, _PAUSED, text))
+        if taken is None:
+            return
+    _approval_required(spec, host, key, may_have_run, announce=True)
+
+
+def _put_back(state: CallState, record: Record) -> CallState:
+    """``state``, its approval bound to the record a takeover of ``record`` leaves (the next attempt)."""
+    decision = state.decision
+    if decision is None:
+        return state
+    return dataclasses.replace(state, decision=dataclasses.replace(decision, attempt=record.attempt + 1))
+
+
+def _take_over(takeover: Takeover) -> Generator[Effect, Any, Record | None]:
+    """``takeover``'s new record, or ``None`` when the record changed first. A takeover whose answer was
+    lost, tried again, finds the record it wrote and answers ``None``: the record is read again, and one
+    this owner holds as the very next attempt is this takeover's (an owner token is one call's)."""
+    taken: Record | None = yield takeover
+    if taken is not None:
+        return taken
+    found: Record | None = yield Get(takeover.key)
+    before = takeover.record
+    if (
+        found is not None
+        and found.owner == takeover.owner
+        and found.attempt == before.attempt + 1
+        and found.status is takeover.status
+    ):
+        return found
+    return None
+
+
+def _pause_for_approval(spec: ToolSpec, owned: Run, taken: Record, state: CallState) -> Generator[Effect, Any, None]:
+    """A reconciler asked to rerun a call that runs only on an approval: its record (``taken``, which this
+    owner holds) is taken over into a paused one for a new decision; ``ApprovalRequiredError``. A takeover,
+    not a finishing write: a paused record that says an attempt may have run never expires."""
+    key, host = owned.call.key, owned.host
+    may_have_run = state.may_have_run or state.spent is not None
+    paused = CallState(state.steps, True, may_have_run=may_have_run)
+    text = _sealed(owned.sealer, key, spec.name, taken.args_digest, _PAUSED, paused.text())
+    now = host.now()
+    yield from _take_over(Takeover(taken, owned.owner or "", now, now, _PAUSED, text))
+    _approval_required(spec, host, key, may_have_run, announce=True)
+
+
+def _approval_required(spec: ToolSpec, host: Host, key: CallKey, may_have_run: bool, *, announce: bool) -> None:
+    idempotency_key = call_idempotency_key(*key, spec.name)
+    warning = (
+        f" Its last attempt ran on an approval and did not finish, so its side effect may have happened: look it "
+        f"up at the provider by the idempotency key {idempotency_key} before deciding again."
+        if may_have_run
+        else ""
+    )
+    message = (
+        f"{describe(spec.name, key)} runs only on an approval, and has none to spend: nothing ran, and the call "
+        f"is kept paused for a decision.{warning} Decide it with {_approve_command(key)}, or "
+        "replaysafe.approvals.approve(...); then call it again."
+    )
+    if announce:
+        host.emit(EventKind.APPROVAL_REQUESTED, message, tool_name=spec.name, key=key, idempotency_key=idempotency_key)
+    raise ApprovalRequiredError(
+        message, may_have_run=may_have_run, idempotency_key=idempotency_key, tool_name=spec.name, key=key
+    )
+
+
+def _granted(
+    spec: ToolSpec, host: Host, record: Record, state: CallState, args_digest: str, mismatched: bool, now: datetime
+) -> Granted:
+    """The approval that lets this call of a paused record run; else the refusal, raised (nothing runs, the
+    call stays paused)."""
+    key = record.key
+    verdict = check(
+        state.decision,
+        key=key,
+        tool_name=spec.name,
+        args_digest=args_digest,
+        now=now,
+        digest_of=spec.digest_of,
+        attempt=record.attempt,
+    )
+    if isinstance(verdict, Granted):
+        return verdict
+    if verdict.reason == "missing" and mismatched:
+        verdict = Refusal("mismatch", "it was paused for a decision with other arguments")
+    if verdict.reason == "spent" or verdict.reason == "missing":
+        # Spent by an earlier attempt, or written into an earlier record of the call (restored in the
+        # store after it was spent): it does not run the call again.
+        spent = state.decision if verdict.reason == "spent" else state.spent
+        if spent is not None:
+            host.emit(
+                EventKind.APPROVAL_REFUSED,
+                f"{describe(spec.name, key)}: its approval by {spent.by} was spent by an earlier attempt of the "
+                "call, which it does not run again",
+                tool_name=spec.name,
+                key=key,
+                approver=spent.by,
+                reason="spent",
+            )
+        _approval_required(spec, host, key, state.may_have_run, announce=False)
+    decision = state.decision
+    if verdict.reason == "rejected":
+        assert decision is not None
+        raise ApprovalRejectedError(
+            f"{describe(spec.name, key)} was rejected by {decision.by} (its reason is in .reason): it does not run. "
+            f"A new decision replaces this one: {_approve_command(key)}.",
+            by=decision.by,
+            reason=decision.reason,
+            tool_name=spec.name,
+            key=key,
+        )
+    if verdict.reason == "expired":
+        assert decision is not None
+        assert decision.expires_at is not None
+        message = (
+            f"{describe(spec.name, key)} did not run: its approval by {decision.by} expired at "
+            f"{decision.expires_at.isoformat()}. The call stays paused: approve it again with {_approve_command(key)}."
+        )
+        host.emit(
+            EventKind.APPROVAL_REFUSED, message, tool_name=spec.name, key=key, approver=decision.by, reason="expired"
+        )
+        raise ApprovalExpiredError(message, tool_name=spec.name, key=key)
+    by = None if decision is None else decision.by
+    message = (
+        f"{describe(spec.name, key)} did not run: its approval{'' if by is None else f' (by {by})'} is not for "
+        f"this call: {verdict.what}, and the call was asked with arguments of digest {args_digest[:12]}. An "
+        f"approval runs only what it approved. The call stays paused for a new decision: {_approve_command(key)}."
+    )
+    host.emit(
+        EventKind.APPROVAL_REFUSED,
+        message,
+        tool_name=spec.name,
+        key=key,
+        approver=by,
+        reason="mismatch",
+        args_digest=args_digest,
+    )
+    raise ApprovalMismatchError(message, tool_name=spec.name, key=key)
+
+
+def _carried(
+    spec: ToolSpec, record: Record, state: CallState, sealer: Sealer | None
+) -> tuple[Status, str, None, tuple[Status, str]]:
+    """A takeover's last fields for a call that runs only on an approval, taken over to ask its
+    reconciler: its record keeps its approval state, crash or not."""
+    spent = state.spent
+    kept = CallState(state.steps, True, spent=spent, may_have_run=state.may_have_run or spent is not None)
+    key, digest = record.key, record.args_digest
+    return (
+        _RUNNING,
+        _sealed(sealer, key, spec.name, digest, _RUNNING, kept.text()),
+        None,
+        (Status.IN_DOUBT, _sealed(sealer, key, spec.name, digest, Status.IN_DOUBT, kept.text())),
+    )
 
 
 # --- phase 2: record ------------------------------------------------------------------
@@ -1043,7 +1373,7 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         run.host.emit(EventKind.TIMEOUT, str(exc), tool_name=spec.name, key=key, attempt=run.call.attempt)
         if exc.still_running:
             return  # the claim stays: the tool may still finish and record its result
-        yield from _finish(spec, run, Status.IN_DOUBT, _steps_text(run.call), fail_closed=False)
+        yield from _finish(spec, run, Status.IN_DOUBT, _state_text(run, Status.IN_DOUBT), fail_closed=False)
     elif isinstance(exc, scope.pauses) or getattr(exc, _PAUSED_BELOW, False):
         # A pause (human in the loop) is not an outcome: the call is kept as paused, with its
         # completed steps, for the resume. Checked before the BaseException rule below: some
@@ -1052,7 +1382,7 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         # recorded as a parent's failure, it would make the approved resume raise it forever.
         with contextlib.suppress(AttributeError, TypeError):  # an exception that takes no attribute
             setattr(exc, _PAUSED_BELOW, True)
-        yield from _finish(spec, run, Status.PAUSED, _steps_text(run.call), fail_closed=False)
+        yield from _finish(spec, run, Status.PAUSED, _state_text(run, Status.PAUSED), fail_closed=False)
         run.host.emit(
             EventKind.PAUSED,
             f"{describe(spec.name, key)} paused ({type(exc).__name__}); the next call of the same key runs it "
@@ -1066,10 +1396,10 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         # with other arguments; a step in progress elsewhere, or in doubt; a ledger that cannot be read): the
         # call is kept as its last execution left it, paused or in doubt, with its steps, so that the next run
         # is checked again. Released, it would run with nothing to check its steps against.
-        yield from _finish(spec, run, recorded.status, _steps_text(run.call), fail_closed=False)
+        yield from _finish(spec, run, recorded.status, _state_text(run, recorded.status), fail_closed=False)
     elif not isinstance(exc, Exception):
         # Cancelled, interrupted, or a stream closed early: whether the side effect happened is unknown.
-        yield from _finish(spec, run, Status.IN_DOUBT, _steps_text(run.call), fail_closed=False)
+        yield from _finish(spec, run, Status.IN_DOUBT, _state_text(run, Status.IN_DOUBT), fail_closed=False)
     elif not isinstance(exc, spec.record_errors) or isinstance(exc, CONTROL_ERRORS):
         # Other errors free the call for a retry; so does replaysafe's own (a step in progress, in
         # doubt or mismatched), which says nothing of how the tool would end: never its recorded failure.
@@ -1132,6 +1462,7 @@ def _finish(
     ``reconciling``: the write is a reconciler's, made without running the tool."""
     key, owner, host = run.call.key, run.owner, run.host
     assert owner is not None
+    text = encoded
     # A finished or paused record is sealed even without a result: on read, an unsealed one is a forgery.
     if run.sealer is not None and (encoded is not None or status is not Status.IN_DOUBT):
         encoded = run.sealer.seal(key, spec.name, run.args_digest, status, encoded)
@@ -1170,9 +1501,54 @@ def _finish(
                 f"while this one ({owner}) ran the tool, so the tool ran twice. The other worker's record is kept."
             )
         host.emit(EventKind.DUPLICATE_DETECTED, message, tool_name=spec.name, key=key, owner=owner)
+        if not reconciling and (status is _COMPLETED or status is _FAILED):
+            yield from _keep_late(spec, run, status, text, result)
     if executed and host.wanted(_EXECUTED):  # asked after the write: a listener may subscribe meanwhile
         _report_executed(spec, run, recorded=bool(recorded) and result_in_record)
     return bool(recorded)
+
+
+def _keep_late(spec: ToolSpec, run: Run, status: Status, text: str | None, result: Any) -> Generator[Effect, Any, None]:
+    """A run ended (``status``: completed or failed) after its call was settled elsewhere: its outcome is
+    kept beside the call's record, as a record of its own (``late_key``), never in its place; a
+    ``late_result`` event says both outcomes; the tool's ``on_late_result`` hook is handed it."""
+    key, owner, host = run.call.key, run.owner, run.host
+    assert owner is not None
+    late = late_key(key, run.call.attempt)
+    settled: Record | None = None
+    kept = False
+    try:
+        settled = yield Get(key)
+        now = host.now()
+        found: ClaimResult = yield new_tuple(Claim, (late, spec.name, run.args_digest, owner, now, now + run.lease))
+        if found.claimed or (found.record.status is _RUNNING and found.record.owner == owner):
+            sealed = text if run.sealer is None else run.sealer.seal(late, spec.name, run.args_digest, status, text)
+            kept = bool((yield new_tuple(Complete, (late, owner, status, sealed, now))))
+    except LedgerError as exc:
+        host.emit(
+            EventKind.LEDGER_ERROR,
+            f"{describe(spec.name, key)} ended after its call was settled elsewhere, and its late outcome could not "
+            f"be kept beside its record: {exc}",
+            tool_name=spec.name,
+            key=key,
+        )
+    was = "removed, to run again" if settled is None else f"{settled.status} in attempt {settled.attempt}"
+    where = f"kept beside it ({ledger_command('show', key)})" if kept else "not kept (see the ledger_error before)"
+    hook = spec.on_late_result
+    host.emit(
+        EventKind.LATE_RESULT,
+        f"{describe(spec.name, key)}: attempt {run.call.attempt} {status} after its call was settled elsewhere "
+        f"({was}). The settlement stands; this late outcome is {where}"
+        + (f", and handed to {_callable_name(hook)}" if hook is not None else "")
+        + ". If both took effect, settle the duplicate at the provider (idempotency key "
+        f"{call_idempotency_key(*key, spec.name)}).",
+        tool_name=spec.name,
+        key=key,
+        attempt=run.call.attempt,
+        owner=owner,
+    )
+    if hook is not None:
+        yield Notify(hook, LateResult(run.call, status, result if status is _COMPLETED else None, settled))
 
 
 def _report_started(spec: ToolSpec, run: Run) -> None:
@@ -1265,6 +1641,102 @@ def resolve(
         attempt=record.attempt,
     )
     return settled
+
+
+def request_decision(
+    key: CallKey, tool_name: str, args_digest: str, *, sealer: Sealer | None, owner: str, host: Host
+) -> Generator[Effect, Any, Record]:
+    """Keep the call ``key`` (of ``tool_name``, with arguments of digest ``args_digest``) paused for a decision
+    before it ever runs: what a framework that holds a call back for a human does (its approval flow), so
+    that the human's answer is recorded as a bound approval. A claim, then a paused record; a call already
+    paused for the same tool and arguments is left as it is (asked twice: one request). Returns its record."""
+    now = host.now()
+    found: ClaimResult = yield new_tuple(Claim, (key, tool_name, args_digest, owner, now, now))
+    record = found.record
+    if record.tool_name != tool_name or record.args_digest != args_digest:
+        raise ReplayMismatchError(
+            f"{describe(tool_name, key)}: this call key is already recorded for "
+            + (f"tool {record.tool_name!r}" if record.tool_name != tool_name else "other arguments")
+            + ", so no decision is asked for it. One key must identify one tool call.",
+            tool_name=tool_name,
+            key=key,
+        )
+    if found.claimed or (record.status is _RUNNING and record.owner == owner):
+        text = _sealed(sealer, key, tool_name, args_digest, _PAUSED, CallState(requested=True).text())
+        yield new_tuple(Complete, (key, owner, _PAUSED, text, now))
+        host.emit(
+            EventKind.APPROVAL_REQUESTED,
+            f"{describe(tool_name, key)} waits for a decision before it runs: {_approve_command(key)}",
+            tool_name=tool_name,
+            key=key,
+        )
+        requested: Record | None = yield Get(key)
+        assert requested is not None
+        return requested
+    if record.status is _PAUSED:
+        return record
+    raise ValueError(
+        f"{describe(tool_name, key)} is {record.status}: a decision is asked for a call before it runs, and this "
+        f"one has (see it with {ledger_command('show', key)})"
+    )
+
+
+def decide(
+    key: CallKey,
+    approval: Callable[[Record, datetime], Approval],
+    *,
+    sealer: Sealer | None,
+    owner: str,
+    host: Host,
+) -> Generator[Effect, Any, Record]:
+    """Record an approver's decision on the paused call ``key``: ``approval(record, now)`` builds it from
+    what the approver decided on (the record's tool and argument digest). One compare-and-set of the
+    record, so a decision made meanwhile by another approver, or a run, is never overwritten. A new
+    decision replaces one not yet spent. Returns the new record."""
+    record: Record | None = yield Get(key)
+    if record is None:
+        raise LookupError(
+            f"no record for {key}: nothing to decide. A call waits for a decision once it asked for one "
+            "(@replay_safe(needs_approval=True), or a pause); see the paused calls with replaysafe ledger list "
+            "--status paused"
+        )
+    if record.status is not _PAUSED:
+        raise ValueError(
+            f"{describe(record.tool_name, key)} is {record.status}, not paused: only a paused call waits for a "
+            f"decision. See it with {ledger_command('show', key)}"
+        )
+    text = unsealed(record.result) if sealer is None else sealer.open(record)  # a forged record: TamperedRecordError
+    state = parse_state(text) if text is not None and text.startswith(STATE_PREFIX) else None
+    if state is None:
+        steps: tuple[str, ...] = ()
+        if text is not None and text.startswith(STEPS_PREFIX):
+            with contextlib.suppress(ValueError):
+                steps = tuple(json.loads(text[len(STEPS_PREFIX) :]))
+        state = CallState(steps)
+    now = host.now()
+    # Bound to the record it is written into (the takeover's attempt): a copy of it restored in the store
+    # once it is spent (the record has moved on) is refused.
+    decided = dataclasses.replace(approval(record, now), attempt=record.attempt + 1)
+    new = dataclasses.replace(state, requested=True, decision=decided)
+    sealed = _sealed(sealer, key, record.tool_name, record.args_digest, _PAUSED, new.text())
+    taken: Record | None = yield from _take_over(Takeover(record, owner, now, now, _PAUSED, sealed))
+    if taken is None:
+        raise RuntimeError(
+            f"the record of {describe(record.tool_name, key)} changed while it was being decided (another decision, "
+            f"or a run): nothing was recorded. Look at it again ({ledger_command('show', key)}) and decide again"
+        )
+    what = "approved" if decided.decision == "approved" else "rejected"
+    edit = " with edited arguments" if decided.args is not None else ""
+    until = f", until {decided.expires_at.isoformat()}" if decided.expires_at is not None else ""
+    host.emit(
+        EventKind.APPROVED if decided.decision == "approved" else EventKind.REJECTED,
+        f"{describe(record.tool_name, key)} was {what}{edit} by {decided.by}{until}",
+        tool_name=record.tool_name,
+        key=key,
+        approver=decided.by,
+        attempt=taken.attempt,
+    )
+    return taken
 
 
 def effective_timeout(

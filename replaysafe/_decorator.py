@@ -30,7 +30,7 @@ from ._context import (
     _scope,
     check_in_doubt,
 )
-from ._core import Earlier, OnLedgerError, Phase, ToolSpec, begin, effective_timeout, replay
+from ._core import Earlier, LateResult, OnLedgerError, Phase, ToolSpec, begin, effective_timeout, replay
 from ._drivers import Driving, Planned, adrive, drive
 from ._errors import ArgumentDigestError, MissingCallIdError, ToolTimeoutError, UnprotectedCallWarning, describe
 from ._events import EventKind, emit, wanted
@@ -39,6 +39,7 @@ from ._keys import args_key, business_key, step_key
 from ._owners import owner_token
 from ._records import CallKey, new_tuple
 from ._streaming import astream, begun_when_read, stream
+from ._undo import register as register_undo
 from .ledgers import Ledger
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -178,6 +179,14 @@ class _Tool:
                 except Exception:  # a binding the key function does not take: not this call's
                     continue
         return Earlier(frozenset(digests), tuple(keys))
+
+    def digest_of(self, arguments: Mapping[str, Any]) -> str:
+        """The digest of a call given ``arguments`` by name (an approver's edit): bound as a function's, or,
+        when that leaves out a receiver, as a method's."""
+        try:
+            return self._digests[0](self._bind(False, (), arguments), self.spec.name)
+        except TypeError:
+            return self._digests[1](self._bind(True, (), arguments), self.spec.name)
 
     def arguments(self, instance: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The call's arguments by name, defaults applied (what a key function is given)."""
@@ -443,6 +452,9 @@ def replay_safe(
     serializer: Serializer | None = None,
     key: KeyChoice = "call",
     pause_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    needs_approval: bool = False,
+    undo: Callable[[Any], Any] | None = None,
+    on_late_result: Callable[[LateResult], Any] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -464,6 +476,9 @@ def replay_safe(
     serializer: Serializer | None = None,
     key: KeyChoice = "call",
     pause_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+    needs_approval: bool = False,
+    undo: Callable[[Any], Any] | None = None,
+    on_late_result: Callable[[LateResult], Any] | None = None,
 ) -> Any:
     """Protect a tool with side effects from running again when its call is replayed.
 
@@ -474,7 +489,11 @@ def replay_safe(
     ``"args"`` (the thread id and the arguments) or a function of the arguments giving
     a business key. ``pause_on`` names exceptions that pause the call instead of ending
     it. ``in_doubt`` left out is ``"rerun"`` (``replaysafe crashtest --policy`` sets it for
-    the tools of the agent it tests). See docs/semantics.md for every rule and option.
+    the tools of the agent it tests). ``needs_approval`` runs each call only on an approval it
+    spends (docs/approvals.md). ``undo`` is the call's compensation, a function of its recorded
+    result that ``ledger.undo(key)`` runs once (docs/approvals.md, Undo). ``on_late_result`` is handed a
+    ``LateResult`` when a run ends after its call was settled elsewhere. See docs/semantics.md for every
+    rule and option.
     """
     if func is None:
         return functools.partial(
@@ -493,6 +512,9 @@ def replay_safe(
             serializer=serializer,
             key=key,
             pause_on=pause_on,
+            needs_approval=needs_approval,
+            undo=undo,
+            on_late_result=on_late_result,
         )
     function = getattr(func, "__func__", func)  # a staticmethod or classmethod object
     if not callable(function):
@@ -535,9 +557,14 @@ def replay_safe(
         function=function,
         streaming=is_stream,
         identity=identity,
+        needs_approval=bool(needs_approval),
+        on_late_result=on_late_result,
     )
     tool = _Tool(spec, ledger, timeout_setting(timeout, "timeout"), on_missing_ids, tuple(exclude_args), key, pauses)
     spec.earlier = tool.earlier
+    if undo is not None:
+        register_undo(spec, undo, tool.timeout)
+    spec.digest_of = tool.digest_of
 
     # Sync, async, or streaming is chosen once, here, not on every call. The frame that applied
     # the decorator: @replay_safe's own, or, for @replay_safe(...), the one that called the partial.

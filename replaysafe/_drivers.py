@@ -18,9 +18,11 @@ import inspect
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from . import _renewer
+from ._approvals import Approval
 from ._clock import MACHINE, Clocks
 from ._codec import JsonSerializer, Serializer
 from ._constants import LEASE_MARGIN
@@ -32,6 +34,7 @@ from ._core import (
     Get,
     Host,
     LedgerOp,
+    Notify,
     Reconcile,
     Release,
     Renew,
@@ -40,8 +43,10 @@ from ._core import (
     Takeover,
     ToolExit,
     ToolSpec,
+    decide,
     held_after,
     report_late,
+    request_decision,
     resolve,
     seconds,
     settle_error,
@@ -245,6 +250,27 @@ def _record_late(run: Run, done: concurrent.futures.Future[Any], driving: Drivin
         logger.exception("the late completion of %s could not be recorded", describe(spec.name, run.call.key))
 
 
+def _told(effect: Notify) -> Any:
+    """Hand the late result to the application's hook, outside every call (a protected call it makes is a
+    call of its own, not a step); its failure is logged, never raised: the call's own outcome stands."""
+    token = _current.set(None)
+    try:
+        return effect.hook(effect.late)
+    except Exception:
+        logger.exception("the on_late_result hook %s failed", getattr(effect.hook, "__qualname__", "of a tool"))
+        return None
+    finally:
+        _current.reset(token)
+
+
+def _notify(effect: Notify, driving: Driving) -> None:
+    answer = _told(effect)
+    if inspect.isawaitable(answer):
+        if inspect.iscoroutine(answer):
+            answer.close()  # never awaited: closed, so no "never awaited" warning follows the error
+        logger.error("%s is a sync tool: its on_late_result hook must be sync too; it was not run", driving.tool_name)
+
+
 #: Each effect's performer; a ledger operation is ``perform``'s directly (one frame above the ledger).
 _SYNC: dict[type, Callable[[Any, Driving], Any]] = {
     Claim: perform,
@@ -255,6 +281,7 @@ _SYNC: dict[type, Callable[[Any, Driving], Any]] = {
     Get: perform,
     Sleep: _sleep,
     Reconcile: _reconcile,
+    Notify: _notify,
     Run: _invoke,
 }
 
@@ -442,6 +469,18 @@ async def _ainvoke(run: Run, driving: Driving) -> Any:
             report_late(spec, run)
 
 
+async def _anotify(effect: Notify, driving: Driving) -> None:
+    answer = _told(effect)
+    if inspect.isawaitable(answer):
+        token = _current.set(None)
+        try:
+            await answer
+        except Exception:
+            logger.exception("the on_late_result hook of %s failed", driving.tool_name)
+        finally:
+            _current.reset(token)
+
+
 _ASYNC: dict[type, Callable[[Any, Driving], Awaitable[Any]]] = {
     Claim: _aledger_op,
     Takeover: _aledger_op,
@@ -451,6 +490,7 @@ _ASYNC: dict[type, Callable[[Any, Driving], Awaitable[Any]]] = {
     Get: _aledger_op,
     Sleep: _asleep,
     Reconcile: _areconcile,
+    Notify: _anotify,
     Run: _ainvoke,
 }
 
@@ -486,6 +526,38 @@ def resolve_by_hand(
     protocol = resolve(key, encode, force=force, sealer=ledger.sealer, owner=f"resolve@{owner_token()}", host=HOST)
     settled: Record | None = drive(protocol, Driving(ledger, "resolve"))
     return settled
+
+
+def request_by_hand(ledger: Ledger, key: CallKey, tool_name: str, args_digest: str) -> Record:
+    """``replaysafe.approvals.request``: the protocol's ``request_decision``, driven on ``ledger``."""
+    protocol = request_decision(
+        key, tool_name, args_digest, sealer=ledger.sealer, owner=f"approve@{owner_token()}", host=HOST
+    )
+    requested: Record = drive(protocol, Driving(ledger, tool_name))
+    return requested
+
+
+async def arequest_by_hand(ledger: Ledger, key: CallKey, tool_name: str, args_digest: str) -> Record:
+    """``request_by_hand`` on the ledger's async operations."""
+    protocol = request_decision(
+        key, tool_name, args_digest, sealer=ledger.sealer, owner=f"approve@{owner_token()}", host=HOST
+    )
+    requested: Record = await adrive(protocol, Driving(ledger, tool_name))
+    return requested
+
+
+def decide_by_hand(ledger: Ledger, key: CallKey, approval: Callable[[Record, datetime], Approval]) -> Record:
+    """``replaysafe.approvals.approve`` / ``reject``: the protocol's ``decide``, driven on ``ledger``."""
+    protocol = decide(key, approval, sealer=ledger.sealer, owner=f"approve@{owner_token()}", host=HOST)
+    decided: Record = drive(protocol, Driving(ledger, "approve"))
+    return decided
+
+
+async def adecide_by_hand(ledger: Ledger, key: CallKey, approval: Callable[[Record, datetime], Approval]) -> Record:
+    """``decide_by_hand`` on the ledger's async operations."""
+    protocol = decide(key, approval, sealer=ledger.sealer, owner=f"approve@{owner_token()}", host=HOST)
+    decided: Record = await adrive(protocol, Driving(ledger, "approve"))
+    return decided
 
 
 # Ledger.resolve() runs the protocol's resolve through this driver; check() probes at this host's time and owner.

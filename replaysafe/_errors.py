@@ -132,6 +132,55 @@ class LedgerError(ReplaySafeError):
         self.permanent = permanent
 
 
+class ApprovalRequiredError(ReplaySafeError):
+    """The call runs only on an approval, and has none it may spend: nothing ran, and the call is kept
+    paused for a decision (``replaysafe.approvals.approve`` / ``reject``).
+
+    ``may_have_run`` is true when an earlier attempt ran on an approval and did not finish: its side
+    effect may have happened, so the approver is asked again instead of the call running again.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        may_have_run: bool = False,
+        idempotency_key: str | None = None,
+        tool_name: str | None = None,
+        key: CallKey | None = None,
+    ) -> None:
+        super().__init__(message, tool_name=tool_name, key=key)
+        self.may_have_run = may_have_run
+        self.idempotency_key = idempotency_key
+
+
+class ApprovalMismatchError(ReplayMismatchError):
+    """The call's approval is for another call: other arguments, another tool or another key. Nothing ran;
+    the call stays paused for a new decision."""
+
+
+class ApprovalExpiredError(ReplaySafeError):
+    """The call's approval expired before a run could spend it. Nothing ran; the call stays paused."""
+
+
+class ApprovalRejectedError(ReplaySafeError):
+    """The call was rejected by its approver: it never runs on this decision. ``reason`` holds the
+    approver's words (kept out of the message, as data); ``by`` who rejected it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        by: str = "",
+        reason: str | None = None,
+        tool_name: str | None = None,
+        key: CallKey | None = None,
+    ) -> None:
+        super().__init__(message, tool_name=tool_name, key=key)
+        self.by = by
+        self.reason = reason
+
+
 class TamperedRecordError(ReplaySafeError):
     """A record's seal does not check: it was altered (or forged) in the store."""
 
@@ -230,4 +279,7 @@ CONTROL_ERRORS: tuple[type[ReplaySafeError], ...] = (
     MissingCallIdError,
     InvalidCallIdError,
     ArgumentDigestError,
+    ApprovalRequiredError,
+    ApprovalExpiredError,
+    ApprovalRejectedError,
 )

@@ -37,6 +37,12 @@ class EventKind(str, enum.Enum):
     TAMPERED = "tampered"  # a record's seal does not check
     UNPROTECTED = "unprotected"  # the tool ran without protection (no ids, no ledger)
     PAUSED = "paused"  # the tool raised a pause; the next call of the same key resumes it
+    UNDONE = "undone"  # a completed call's compensation (@replay_safe(undo=...)) ran, by ledger.undo
+    APPROVAL_REQUESTED = "approval_requested"  # the call waits for an approval (docs/approvals.md)
+    APPROVED = "approved"  # an approver approved the call (``Event.approver``)
+    REJECTED = "rejected"  # an approver rejected the call
+    APPROVAL_REFUSED = "approval_refused"  # an approval did not let the call run (``Event.reason``)
+    LATE_RESULT = "late_result"  # a run ended after its call was settled elsewhere; kept beside its record
 
     def __str__(self) -> str:
         return self.value
@@ -65,6 +71,11 @@ class Event:
     #: the call's ``LEDGER_ERROR`` or ``DUPLICATE_DETECTED`` event says which. A write that failed
     #: transiently is tried again in the background, so ``False`` may yet become recorded.
     recorded: bool | None = None
+    #: Who approved or rejected the call (``APPROVED``, ``REJECTED``, ``APPROVAL_REFUSED``).
+    approver: str | None = None
+    #: Why an approval did not let the call run: ``mismatch``, ``expired``, ``rejected`` or ``spent``
+    #: (``APPROVAL_REFUSED``).
+    reason: str | None = None
 
 
 class EventHandler(Protocol):
@@ -77,6 +88,12 @@ _LEVELS = {
     EventKind.REPLAYED: logging.DEBUG,
     EventKind.RECONCILED: logging.INFO,
     EventKind.PAUSED: logging.INFO,
+    EventKind.UNDONE: logging.INFO,
+    EventKind.APPROVAL_REQUESTED: logging.INFO,
+    EventKind.APPROVED: logging.INFO,
+    EventKind.REJECTED: logging.INFO,
+    EventKind.APPROVAL_REFUSED: logging.WARNING,
+    EventKind.LATE_RESULT: logging.ERROR,
     EventKind.IN_DOUBT: logging.WARNING,
     EventKind.TIMEOUT: logging.WARNING,
     EventKind.UNPROTECTED: logging.WARNING,

@@ -25,6 +25,10 @@ BUSINESS_THREAD_ID = RESERVED_PREFIX + "key"
 _STEP_SUFFIX = re.compile(r"#([1-9][0-9]*)\Z")
 # Any id of that form, whatever the tool's name: a call of its own under it could share a step's record.
 _STEP_FORM = re.compile(r">.*#[1-9][0-9]*\Z", re.DOTALL)
+#: What ends the tool call id of a call's undo: its call's, then this (``undo_key``).
+UNDO_SUFFIX = ">#undo"
+#: What ends the tool call id of a late result: its call's, then this and the attempt that returned it.
+_LATE_FORM = re.compile(r">#late-([1-9][0-9]*)\Z")
 
 
 def reserved_id(key: CallKey) -> tuple[str, str] | None:
@@ -51,6 +55,20 @@ def reserved_id(key: CallKey) -> tuple[str, str] | None:
             "has the reserved form of a step's id (<parent tool_call_id>><tool>#<n>, e.g. call_1>charge#1), under "
             "which replaysafe keeps the calls a tool makes inside another, so a call of its own could be handed a "
             "step's result. Use the id the framework gave the call, or leave the '>' out of ids you make yourself."
+        )
+    if key.tool_call_id.endswith(UNDO_SUFFIX):
+        return "tool_call_id", (
+            f"has the reserved form of an undo's id (<tool_call_id>{UNDO_SUFFIX}, e.g. call_1{UNDO_SUFFIX}), under "
+            "which replaysafe records that a call's compensation ran (ledger.undo), so a call of its own could be "
+            "handed an undo's result. Use the id the framework gave the call, or leave the '>' out of ids you make "
+            "yourself."
+        )
+    if _LATE_FORM.search(key.tool_call_id) is not None:
+        return "tool_call_id", (
+            "has the reserved form of a late result's id (<tool_call_id>>#late-<attempt>, e.g. call_1>#late-2), "
+            "under which replaysafe keeps what a call returned after it was settled elsewhere, so a call of its own "
+            "could be handed one. Use the id the framework gave the call, or leave the '>' out of ids you make "
+            "yourself."
         )
     return None
 
@@ -98,6 +116,38 @@ def step_parent(key: CallKey, tool_name: str) -> CallKey | None:
     if not head.endswith(suffix) or len(head) == len(suffix):
         return None
     return CallKey(key.thread_id, key.message_id, head[: -len(suffix)])
+
+
+def undo_key(key: CallKey) -> CallKey:
+    """The key under which the compensation of the call ``key`` runs and is recorded (``ledger.undo``).
+
+    The call's ids, with ``>#undo`` after its tool call id: never a step's (a step's id ends in ``#``
+    and an ordinal), never a framework's (``tool_call`` refuses an id of that form, ``reserved_id``),
+    and never a ``key="args"`` or business key (their tool call ids end in a hex digest).
+    """
+    return CallKey(key.thread_id, key.message_id, key.tool_call_id + UNDO_SUFFIX)
+
+
+def undone_call(key: CallKey) -> CallKey | None:
+    """The key of the call whose undo ``key`` is (``undo_key``), else ``None``."""
+    if not key.tool_call_id.endswith(UNDO_SUFFIX) or len(key.tool_call_id) == len(UNDO_SUFFIX):
+        return None
+    return CallKey(key.thread_id, key.message_id, key.tool_call_id[: -len(UNDO_SUFFIX)])
+
+
+def late_key(key: CallKey, attempt: int) -> CallKey:
+    """The key under which attempt ``attempt`` of the call ``key`` keeps its late result: what it returned
+    after the call was settled elsewhere (taken over, resolved by an operator, or removed to run again).
+    Never a step's, an undo's, a framework's (``reserved_id``), a ``key="args"`` or a business key's."""
+    return CallKey(key.thread_id, key.message_id, f"{key.tool_call_id}>#late-{attempt}")
+
+
+def late_result_of(key: CallKey) -> tuple[CallKey, int] | None:
+    """``(the call's key, the attempt)`` when ``key`` is a late result's (``late_key``), else ``None``."""
+    match = _LATE_FORM.search(key.tool_call_id)
+    if match is None or match.start() == 0:
+        return None
+    return CallKey(key.thread_id, key.message_id, key.tool_call_id[: match.start()]), int(match[1])
 
 
 def args_key(thread_id: str, tool: str, digest: str) -> CallKey:

@@ -26,8 +26,10 @@ names several is refused (exit 2), listing them by their ids only.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import datetime as dt
+import importlib
 import itertools
 import json
 import os
@@ -40,17 +42,21 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
+from . import approvals
+from ._approvals import STATE_PREFIX, CallState, parse_state
 from ._clock import utcnow
 from ._constants import LEDGER_URL_ENV
 from ._core import STEPS_PREFIX, Verdict, judge
-from ._errors import LedgerError, TamperedRecordError
+from ._errors import LedgerError, ReplaySafeError, TamperedRecordError
 from ._identity import call_idempotency_key
-from ._keys import step_parent
+from ._keys import late_result_of, step_parent, undo_key
 from ._operations import _reason as error_text
 from ._owners import owner_alive
 from ._records import CallKey, Record, Status
 from ._sealing import FINISHED, SEALED, SIGNING_KEY_ENV, Sealer, is_sealed, unsealed
 from ._shapes import JSON_NAME, Evidence, Installed, ResultShape, evidence, form_of, installed
+from ._undo import aundo
+from ._undo import plan as undo_plan
 from ._unrecorded import PREFIX as UNRECORDED_PREFIX
 from ._unrecorded import REASONS as UNRECORDED_REASONS
 from ._unrecorded import parse as unrecorded
@@ -279,6 +285,45 @@ def add_commands(commands: Any) -> None:
         "counts per status and tool; the oldest in-doubt call; running calls past their lease",
         "Counts per status and per tool, the oldest in-doubt call, and running calls past their lease.",
     )
+    _add_undo(actions)
+    _add_decisions(actions)
+
+
+def _add_decisions(actions: Any) -> None:
+    approve = _action(
+        actions,
+        "approve",
+        "approve a paused call, once, for a while",
+        "Approve a paused call (see them with list --status paused): the next call of the same key, with the "
+        "same tool and arguments, runs once on it, before it expires; any other call of the key is refused and "
+        f"the call stays paused. An approval already spent is never spent again. {_KEY_HELP}",
+    )
+    _add_key(approve)
+    approve.add_argument("--by", required=True, metavar="NAME", help="who approves (kept with the decision)")
+    approve.add_argument(
+        "--expires",
+        type=age,
+        metavar="AGE",
+        default=None,
+        help="how long the approval holds: 90s, 15m, 1h (default 15m); it is refused once past",
+    )
+    approve.add_argument(
+        "--args",
+        metavar="JSON",
+        help="an edit: the complete arguments the call runs with instead, as a JSON object by parameter name",
+    )
+    approve.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    reject = _action(
+        actions,
+        "reject",
+        "reject a paused call",
+        "Reject a paused call: it does not run on this decision (its caller gets ApprovalRejectedError with the "
+        f"reason); a later approve replaces it. {_KEY_HELP}",
+    )
+    _add_key(reject)
+    reject.add_argument("--by", required=True, metavar="NAME", help="who rejects (kept with the decision)")
+    reject.add_argument("--reason", required=True, help="why (shown to the call's caller)")
+    reject.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
 
 def _add_key(parser: argparse.ArgumentParser) -> None:
@@ -913,6 +958,10 @@ def _as_stored(record: Record, text: str | None) -> StoredResult:
             f"({UNRECORDED_REASONS.get(found.reason, found.reason)}; a {found.type_name}{size}). It is finished "
             "and never runs again: a replay raises ResultEncodingError until it is settled",
         )
+    if text.startswith(STATE_PREFIX) and record.status is not Status.COMPLETED and record.status is not Status.FAILED:
+        state = parse_state(text)
+        if state is not None:
+            return StoredResult("approval", marker=_state_data(state), note=_state_note(record, state))
     if text.startswith(STEPS_PREFIX) and record.status in (Status.PAUSED, Status.IN_DOUBT):
         # Only there is it the steps marker (as a replay reads it): elsewhere it is a serializer's text.
         names = _json_or_none(text[len(STEPS_PREFIX) :])
@@ -943,6 +992,42 @@ def _as_stored(record: Record, text: str | None) -> StoredResult:
     return StoredResult("json", value, note=note)
 
 
+def _state_data(state: CallState) -> dict[str, Any]:
+    """A call's approval state as ``show --json`` prints it: decisions as recorded (no argument values but an
+    approver's edit, which the approver wrote)."""
+    return {
+        "steps": list(state.steps),
+        "requested": state.requested,
+        "decision": None if state.decision is None else state.decision.to_data(),
+        "spent": None if state.spent is None else state.spent.to_data(),
+        "may_have_run": state.may_have_run,
+    }
+
+
+def _state_note(record: Record, state: CallState) -> str:
+    """What a paused (or running, or in-doubt) call's approval state means, in words."""
+    parts = [f"none ({record.status.value})"]
+    decision = state.decision
+    if decision is not None and decision.decision == "approved":
+        until = "" if decision.expires_at is None else f" until {decision.expires_at.isoformat()}"
+        edit = " with edited arguments" if decision.args is not None else ""
+        parts.append(f"approved{edit} by {printable(decision.by)}{until}, not yet spent")
+    elif decision is not None:
+        parts.append(f"rejected by {printable(decision.by)}: it does not run on this decision")
+    elif state.requested:
+        parts.append(
+            f"waits for a decision: {shlex.join(['replaysafe', 'ledger', 'approve', *record.key])} --by NAME "
+            "(or reject)"
+        )
+    if state.spent is not None:
+        parts.append(f"an attempt ran on the approval by {printable(state.spent.by)}, spent")
+    if state.may_have_run:
+        parts.append("its last approved attempt did not finish: its side effect may have happened")
+    if state.steps:
+        parts.append(f"steps made: {', '.join(state.steps)}")
+    return "; ".join(parts)
+
+
 def _json_or_none(text: str) -> Any:
     try:
         return json.loads(text)
@@ -961,8 +1046,13 @@ def _show(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     summary["result_marker"] = stored.marker
     summary["result_note"] = stored.note
     now = utcnow()
-    steps = [r for r in ledger.records(thread_id=record.key.thread_id) if step_parent(r.key, r.tool_name) == record.key]
+    thread = list(ledger.records(thread_id=record.key.thread_id))
+    steps = [r for r in thread if step_parent(r.key, r.tool_name) == record.key]
     summary["steps"] = [_summary(step, now) for step in steps]
+    summary["undone"] = _undone(ledger, record, now)
+    # What runs that ended after the call was settled elsewhere returned: kept beside it, never in its place.
+    lates = [r for r in thread if (of := late_result_of(r.key)) is not None and of[0] == record.key]
+    summary["late_results"] = [_late(ledger, late, now) for late in lates]
     if output.as_json:
         output.document(summary)
         return EXIT_OK
@@ -972,7 +1062,7 @@ def _show(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
             print(f"{name:>16}: {check} ({_CHECKS[check]})", file=out)
         elif name == "parent" and field is not None:
             print(f"{name:>16}: {printable(str(CallKey(**field)))}", file=out)
-        elif not name.startswith("result") and name != "steps":
+        elif not name.startswith("result") and name not in ("steps", "late_results"):
             print(f"{name:>16}: {printable(str(field))}", file=out)
     if stored.kind == "json":
         # json.dumps escapes control and non-ASCII characters itself.
@@ -991,7 +1081,27 @@ def _show(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
             f"CALL {printable(step.key.tool_call_id)}",
             file=out,
         )
+    for late in summary["late_results"]:
+        shown = json.dumps(late["result"]) if late["result_kind"] == "json" else printable(str(late["result"]))
+        print(
+            f"{'late_result':>16}: attempt {late['late_attempt']} {late['status']} at {late['updated_at']} after "
+            f"the call was settled; it returned {shown} (the settlement above stands)",
+            file=out,
+        )
     return EXIT_OK
+
+
+def _late(ledger: Ledger, late: Record, now: dt.datetime) -> dict[str, Any]:
+    """A late result as ``show`` prints it: its record, the attempt that returned it, and what it returned."""
+    summary = _summary(late, now)
+    of = late_result_of(late.key)
+    summary["late_attempt"] = None if of is None else of[1]
+    check, text = _stored(ledger, late)
+    stored = _as_stored(late, text)
+    summary["result_check"] = check
+    summary["result"] = stored.value
+    summary["result_kind"] = stored.kind
+    return summary
 
 
 def _ledger_seals(ledger: Ledger, record: Record) -> tuple[bool | None, CallKey | None]:
@@ -1388,6 +1498,181 @@ def _stats(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     return EXIT_OK
 
 
+# --- undo -----------------------------------------------------------------------------------
+
+
+def _add_undo(actions: Any) -> None:
+    undo = _action(
+        actions,
+        "undo",
+        "run a completed call's compensation (its undo), once",
+        "Run the compensation of a completed call (@replay_safe(undo=...)), and first those of its steps, newest "
+        "first: each runs once, recorded under a key of its own, so running this again replays them. A call "
+        "running, paused or in doubt is refused unless --force (its compensation is then handed null); a failed "
+        "call has nothing to undo. The compensations are those registered by the tools decorated in this "
+        f"process: pass --app MODULE, the application module whose import decorates them. {_KEY_HELP}",
+    )
+    _add_key(undo)
+    undo.add_argument(
+        "--app",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="import MODULE first (a dotted module name, importable from the current directory), so that its "
+        "tools' compensations are registered; repeat it for several modules",
+    )
+    undo.add_argument(
+        "--force",
+        action="store_true",
+        help="undo a call (or step) that is running, paused or in doubt: its compensation is handed null for a "
+        "result, and must find the side effect by itself (a running owner may still finish it)",
+    )
+    undo.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+def _import_apps(modules: list[str]) -> None:
+    """Import the application's modules, whose import decorates its tools (registering their compensations)."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: the application's package is where the command runs
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise CommandError(f"--app {name}: cannot import it ({type(exc).__name__}: {exc})", EXIT_USAGE) from exc
+        except Exception as exc:
+            raise CommandError(
+                f"--app {name}: importing it raised {type(exc).__name__}; nothing was undone", EXIT_USAGE
+            ) from exc
+
+
+def _undo(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
+    _import_apps(args.app)
+    record = _record(ledger, args)
+    if ledger.sealer is None:
+        seals, sealed = _ledger_seals(ledger, record)
+        if seals:  # the compensation's record, written unsealed, would be refused on replay
+            raise CommandError(
+                f"the ledger seals its records (the record of {sealed} carries a seal) and no signing key was given, "
+                f"so the undo of {record.key} cannot be recorded sealed. Pass the key: set ${SIGNING_KEY_ENV} or use "
+                "--signing-key-file PATH. Nothing was undone.",
+                EXIT_NO_KEY,
+            )
+    now = utcnow()
+    try:
+        planned = undo_plan(ledger, record.key, args.force)
+    except (ValueError, LookupError) as exc:
+        raise CommandError(str(exc), EXIT_NOT_FOUND) from exc
+    output.say(_describe(record, now))
+    for entry in planned:
+        what = f"run {entry.undoer.spec.name}" if entry.undoer is not None else f"skip ({entry.note})"
+        output.say(f"  {printable(entry.record.tool_name)} (CALL {printable(entry.record.key.tool_call_id)}): {what}")
+    if not output.confirm("Undo it: run these compensations, each at most once?", args.yes):
+        output.say("not undone")
+        return EXIT_DECLINED
+    try:
+        if any(entry.undoer is not None and entry.undoer.is_async for entry in planned):
+            done = asyncio.run(aundo(ledger, record.key, force=args.force))
+        else:
+            done = ledger.undo(record.key, force=args.force)
+    except (ValueError, LookupError, ReplaySafeError) as exc:
+        if isinstance(exc, LedgerError):
+            raise
+        raise CommandError(str(exc), EXIT_NOT_FOUND) from exc
+    except Exception as exc:
+        # The application's exception: its text may hold data, so only its type is said.
+        raise CommandError(
+            f"a compensation raised {type(exc).__name__}, so the undo of {record.key} stopped there. The "
+            "compensations that ran before it are recorded (they replay); the one that raised is not: fix it, then "
+            "run this command again. Run ledger.undo(key) in Python to see its traceback.",
+            EXIT_NOT_FOUND,
+        ) from exc
+    labels = {"undone": "undone", "already_undone": "already undone (replayed)", "skipped": "skipped"}
+    for item in done:
+        note = f" ({item.note})" if item.note else ""
+        output.answer(
+            f"{labels.get(item.outcome, item.outcome)}: {printable(item.tool_name)} "
+            f"(CALL {printable(item.key.tool_call_id)}){printable(note)}"
+        )
+    output.document(
+        {
+            "undone": [
+                {
+                    **dict(zip(CallKey._fields, item.key, strict=True)),
+                    "tool_name": item.tool_name,
+                    "outcome": item.outcome,
+                    "note": item.note or None,
+                }
+                for item in done
+            ]
+        }
+    )
+    return EXIT_OK
+
+
+def _undone(ledger: Ledger, record: Record, now: dt.datetime) -> str:
+    """Whether ``show``'s call was undone (``replaysafe ledger undo``): its undo's record, in words."""
+    found = ledger.get(undo_key(record.key))
+    if found is None:
+        return "no"
+    state = _state(found, now)
+    if state == Status.COMPLETED.value:
+        return (
+            f"yes: its compensation {found.tool_name} ran, finished {found.updated_at.isoformat()} "
+            f"(attempt {found.attempt})"
+        )
+    return (
+        f"not yet: its compensation {found.tool_name} is {state} (attempt {found.attempt}); "
+        f"see {shlex.join(['replaysafe', 'ledger', 'show', *found.key])}"
+    )
+
+
+def _approve(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
+    edit: Any = None
+    if args.args is not None:
+        try:
+            edit = json.loads(args.args)
+        except ValueError as exc:
+            raise CommandError(f"--args must be a JSON object of the call's arguments ({exc})", EXIT_USAGE) from exc
+        if not isinstance(edit, dict):
+            raise CommandError("--args must be a JSON object of the call's arguments, by parameter name", EXIT_USAGE)
+    expires = args.expires if args.expires is not None else approvals.DEFAULT_EXPIRY
+    return _decide(
+        ledger,
+        args,
+        output,
+        "Approve it" + (" with these arguments instead" if edit is not None else "") + f", for {expires}?",
+        lambda key: approvals.approve(key, by=args.by, expires_in=expires, args=edit, ledger=ledger),
+    )
+
+
+def _reject(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
+    return _decide(
+        ledger,
+        args,
+        output,
+        "Reject it?",
+        lambda key: approvals.reject(key, by=args.by, reason=args.reason, ledger=ledger),
+    )
+
+
+def _decide(
+    ledger: Ledger, args: argparse.Namespace, output: Output, question: str, decide: Callable[[CallKey], Record]
+) -> int:
+    record = _record(ledger, args)
+    now = utcnow()
+    output.say(_describe(record, now))
+    if not output.confirm(question, args.yes):
+        output.say("not decided")
+        return EXIT_DECLINED
+    try:
+        decided = decide(record.key)
+    except (ValueError, LookupError, RuntimeError, TypeError) as exc:
+        raise CommandError(f"{exc}. Nothing was decided.", EXIT_NOT_FOUND) from exc
+    output.answer(f"{args.action}d {printable(record.tool_name)} ({record.key}) as {printable(args.by)}")
+    output.document({"decided": args.action + "d", "by": args.by, "record": _summary(decided, utcnow())})
+    return EXIT_OK
+
+
 _ACTIONS: dict[str, Callable[[Ledger, argparse.Namespace, Output], int]] = {
     "list": _list,
     "show": _show,
@@ -1395,4 +1680,7 @@ _ACTIONS: dict[str, Callable[[Ledger, argparse.Namespace, Output], int]] = {
     "delete": _delete,
     "purge": _purge,
     "stats": _stats,
+    "undo": _undo,
+    "approve": _approve,
+    "reject": _reject,
 }

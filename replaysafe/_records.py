@@ -71,11 +71,21 @@ class Record(NamedTuple):
         fields = (key, tool_name, args_digest, _RUNNING, None, owner, 1, now, now, lease_expires_at, None)
         return new_tuple(cls, fields)  # type: ignore[no-any-return]
 
-    def taken_over_by(self, owner: str, now: datetime, lease_expires_at: datetime) -> Record:
-        """The record a successful ``takeover`` of this one stores: running again, attempt + 1."""
+    def taken_over_by(
+        self,
+        owner: str,
+        now: datetime,
+        lease_expires_at: datetime,
+        status: Status = Status.RUNNING,
+        result: str | None = None,
+        args_digest: str | None = None,
+    ) -> Record:
+        """The record a successful ``takeover`` of this one stores: running again (or ``status``), attempt + 1,
+        with ``result`` and ``args_digest`` (``None``: its own)."""
         return self._replace(
-            status=Status.RUNNING,
-            result=None,
+            args_digest=self.args_digest if args_digest is None else args_digest,
+            status=status,
+            result=result,
             owner=owner,
             attempt=self.attempt + 1,
             updated_at=now,
@@ -99,3 +109,17 @@ def expires_at(status: Status, now: datetime, ttl: timedelta | None) -> datetime
     instead of silently becoming runnable again.
     """
     return now + ttl if ttl is not None and status is not Status.IN_DOUBT else None
+
+
+class Undone(NamedTuple):
+    """What ``ledger.undo(key)`` did for one call: the call itself, or one of its steps."""
+
+    #: The call whose compensation this is (not the key its undo is recorded under).
+    key: CallKey
+    tool_name: str
+    #: ``"undone"``: its compensation ran now; ``"already_undone"``: it had run, its recorded
+    #: result was replayed; ``"skipped"``: nothing ran (``note`` says why).
+    outcome: str
+    #: What the compensation returned (``None`` when skipped).
+    result: Any = None
+    note: str = ""

@@ -124,10 +124,25 @@ def test_an_expired_lease_is_taken_over() -> None:
 
 
 def test_a_lost_takeover_looks_again() -> None:
-    """When another worker took over first, the protocol claims again instead of running."""
+    """When another worker took over first, the protocol claims again instead of running. It reads the record
+    first: a takeover of its own whose answer was lost (tried again, it found its own write) would answer the
+    same, and is then the protocol's to go on with."""
     protocol, _ = start()
-    protocol.send(ClaimResult(record(Status.RUNNING, lease_left=-1), False))
-    assert isinstance(protocol.send(None), Claim)
+    stale = record(Status.RUNNING, lease_left=-1)
+    protocol.send(ClaimResult(stale, False))
+    assert isinstance(protocol.send(None), Get)
+    taken_by_another = stale._replace(owner="other:2:2#1", attempt=stale.attempt + 1)
+    assert isinstance(protocol.send(taken_by_another), Claim)
+
+
+def test_a_takeover_whose_answer_was_lost_but_landed_goes_on() -> None:
+    """The record read after a takeover answered ``None`` is this owner's, as the very next attempt: the
+    takeover landed (its answer lost, its retry found it done), so the protocol runs as it decided."""
+    protocol, _ = start()
+    stale = record(Status.RUNNING, lease_left=-1)
+    protocol.send(ClaimResult(stale, False))
+    assert isinstance(protocol.send(None), Get)
+    assert isinstance(protocol.send(stale._replace(owner="me#1", attempt=stale.attempt + 1)), Run)
 
 
 def test_a_failed_claim_runs_unprotected_by_default() -> None:

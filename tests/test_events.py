@@ -150,10 +150,11 @@ def _returns_too_much(ledger: SqliteLedger) -> None:
 @pytest.mark.parametrize(
     ("meanwhile", "first", "recorded"),
     [
-        (None, None, True),
-        (_drop_the_table, EventKind.LEDGER_ERROR, False),
-        (_taken_over_meanwhile, EventKind.DUPLICATE_DETECTED, False),
-        (_returns_too_much, EventKind.LEDGER_ERROR, False),
+        (None, (), True),
+        (_drop_the_table, (EventKind.LEDGER_ERROR,), False),
+        # Its late result is kept beside the other worker's record, and said so.
+        (_taken_over_meanwhile, (EventKind.DUPLICATE_DETECTED, EventKind.LATE_RESULT), False),
+        (_returns_too_much, (EventKind.LEDGER_ERROR,), False),
     ],
     ids=["written", "the-write-failed", "taken-over", "too-large-to-store"],
 )
@@ -162,7 +163,7 @@ def test_executed_says_whether_the_result_was_recorded(
     events: list[Event],
     caplog: pytest.LogCaptureFixture,
     meanwhile: Callable[[SqliteLedger], None] | None,
-    first: EventKind | None,
+    first: tuple[EventKind, ...],
     recorded: bool,
 ) -> None:
     """``executed`` is emitted whenever the tool returned (so it counts runs), and says whether its
@@ -179,8 +180,7 @@ def test_executed_says_whether_the_result_was_recorded(
 
     with caplog.at_level(logging.DEBUG, logger="replaysafe"), tool_call(f"t-{uuid.uuid4().hex[:8]}", "m", "c"):
         assert refund_order("1") == "refunded"
-    expected = (EventKind.STARTED, first, EventKind.EXECUTED)
-    assert [event.kind for event in events] == [kind for kind in expected if kind is not None]
+    assert [event.kind for event in events] == [EventKind.STARTED, *first, EventKind.EXECUTED]
     executed = events[-1]
     assert executed.recorded is recorded
     assert executed.duration is not None

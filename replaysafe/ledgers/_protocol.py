@@ -25,7 +25,7 @@ from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar, c
 from .._codec import Serializer
 from .._constants import LEDGER_RETRY_ATTEMPTS, LEDGER_RETRY_MAX_SECONDS
 from .._errors import LedgerError
-from .._records import CallKey, ClaimResult, Record, Status
+from .._records import CallKey, ClaimResult, Record, Status, Undone
 from .._sealing import Sealer
 from .._threads import ForkSafePool
 
@@ -112,10 +112,23 @@ class Ledger(Protocol):
         """Atomically create a ``running`` record owned by ``owner``, or return the one there."""
         ...
 
-    def takeover(self, record: Record, *, owner: str, now: datetime, lease_expires_at: datetime) -> Record | None:
+    def takeover(
+        self,
+        record: Record,
+        *,
+        owner: str,
+        now: datetime,
+        lease_expires_at: datetime,
+        status: Status = Status.RUNNING,
+        result: str | None = None,
+        args_digest: str | None = None,
+    ) -> Record | None:
         """Replace ``record`` (still as read) by a ``running`` one for ``owner``, attempt + 1.
 
-        Returns ``None`` when the stored record changed since it was read.
+        ``status``, ``result`` and ``args_digest`` (``None``: the record's) are the new record's: a
+        ``paused`` one with the call's approval state, when an approver decides or a run spends an
+        approval (docs/approvals.md). It has no expiry. Returns ``None`` when the stored record changed
+        since it was read.
         """
         ...
 
@@ -163,6 +176,10 @@ class Ledger(Protocol):
         """Settle an in-doubt call by hand: record ``result``, or ``rerun=True`` to let it run again."""
         ...
 
+    def undo(self, key: CallKey, *, force: bool = False) -> list[Undone]:
+        """Run the compensation (``@replay_safe(undo=...)``) of a completed call, and of its steps, once each."""
+        ...
+
     def check(self) -> None:
         """Claim, complete, read and delete a probe record; ``LedgerError`` naming the fix if a step fails."""
         ...
@@ -184,7 +201,15 @@ class AsyncLedger(Protocol):
     ) -> ClaimResult: ...
 
     async def takeover(
-        self, record: Record, *, owner: str, now: datetime, lease_expires_at: datetime
+        self,
+        record: Record,
+        *,
+        owner: str,
+        now: datetime,
+        lease_expires_at: datetime,
+        status: Status = Status.RUNNING,
+        result: str | None = None,
+        args_digest: str | None = None,
     ) -> Record | None: ...
 
     async def complete(
@@ -299,6 +324,16 @@ def _from_drivers() -> Handed:
     return _handed
 
 
+#: How ``LedgerBase.undo`` runs a call's compensations: ``replaysafe._undo.undo``, handed in when replaysafe is
+#: imported (as ``resolve`` is, apart from it: ``use_clocks`` hands the drivers' part in again).
+_undo: Callable[[Any, CallKey, bool], list[Undone]] | None = None
+
+
+def hand_in_undo(undo: Callable[[Any, CallKey, bool], list[Undone]]) -> None:
+    global _undo
+    _undo = undo
+
+
 def handed_now() -> datetime:
     """The wall clock the drivers hand in, for a ledger that hides records whose ttl ran out."""
     return _from_drivers().now()
@@ -389,6 +424,17 @@ class LedgerBase:
         """
         return _from_drivers().resolve(self, key, result, rerun, serializer, force)
 
+    def undo(self, key: CallKey, *, force: bool = False) -> list[Undone]:
+        """Run the compensation of the completed call ``key`` (its ``@replay_safe(undo=...)``, registered in
+        this process), once: recorded under a key of its own, so a second undo replays it. A call with steps
+        has its steps' compensations run first, newest first, each once. A call running, paused or in doubt
+        is refused unless ``force=True`` (the compensation is then handed ``None``); a failed one always
+        (docs/approvals.md, Undo). ``await replaysafe.aundo(ledger, key)`` from async code.
+        """
+        if _undo is None:  # pragma: no cover - importing replaysafe hands it in
+            raise RuntimeError("replaysafe's drivers are not loaded: import replaysafe first")
+        return _undo(self, key, force)
+
     def __enter__(self) -> Any:
         return self
 
@@ -437,7 +483,17 @@ class OperationBuilders(Protocol):
         """Store ``record``, a first claim's (``Record.claimed``), unless a live one is there."""
         ...
 
-    def takeover(self, record: Record, *, owner: str, now: datetime, lease_expires_at: datetime) -> Any: ...
+    def takeover(
+        self,
+        record: Record,
+        *,
+        owner: str,
+        now: datetime,
+        lease_expires_at: datetime,
+        status: Status = Status.RUNNING,
+        result: str | None = None,
+        args_digest: str | None = None,
+    ) -> Any: ...
 
     def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: datetime) -> Any: ...
 
@@ -472,12 +528,30 @@ class StoredLedger(LedgerBase):
         result: ClaimResult = self._run(self._ops.claim(record))
         return result
 
-    def takeover(self, record: Record, *, owner: str, now: datetime, lease_expires_at: datetime) -> Record | None:
+    def takeover(
+        self,
+        record: Record,
+        *,
+        owner: str,
+        now: datetime,
+        lease_expires_at: datetime,
+        status: Status = Status.RUNNING,
+        result: str | None = None,
+        args_digest: str | None = None,
+    ) -> Record | None:
         """Replace ``record`` (still as read) by a ``running`` one for ``owner``, attempt + 1."""
-        result: Record | None = self._run(
-            self._ops.takeover(record, owner=owner, now=now, lease_expires_at=lease_expires_at)
+        result_: Record | None = self._run(
+            self._ops.takeover(
+                record,
+                owner=owner,
+                now=now,
+                lease_expires_at=lease_expires_at,
+                status=status,
+                result=result,
+                args_digest=args_digest,
+            )
         )
-        return result
+        return result_
 
     def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: datetime) -> bool:
         """Finish the call ``owner`` claimed (fenced); with a ttl, a finished record expires unless in doubt."""

@@ -164,7 +164,7 @@ class Operations:
         self.live = live = "(expires_at IS NULL OR expires_at > ?)"
         sql = self.sql
         self._takeover = sql(
-            f"UPDATE {table} SET status = 'running', result = NULL, owner = ?, attempt = attempt + 1, "
+            f"UPDATE {table} SET status = ?, result = ?, args_digest = ?, owner = ?, attempt = attempt + 1, "
             "updated_at = ?, lease_expires_at = ?, expires_at = NULL "
             "WHERE call_key = ? AND owner = ? AND attempt = ? AND status = ?"
         )
@@ -251,13 +251,25 @@ class Operations:
         one statement the dialects cannot share."""
         raise NotImplementedError
 
-    def takeover(self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime) -> Step:
+    def takeover(
+        self,
+        record: Record,
+        *,
+        owner: str,
+        now: dt.datetime,
+        lease_expires_at: dt.datetime,
+        status: Status = Status.RUNNING,
+        result: str | None = None,
+        args_digest: str | None = None,
+    ) -> Step:
         lease = self._time(lease_expires_at)
         digest = key_digest(*record.key)
-        params = (owner, self._time(now), lease, digest, record.owner, record.attempt, record.status.value)
+        taken = record.taken_over_by(owner, now, lease_expires_at, status, result, args_digest)
+        new = (taken.status.value, taken.result, taken.args_digest, owner, self._time(now), lease)
+        params = (*new, digest, record.owner, record.attempt, record.status.value)
 
         def read(rows: Any, count: int) -> Record | None:
-            return record.taken_over_by(owner, now, lease_expires_at) if count == 1 else None
+            return taken if count == 1 else None
 
         return Step(self._takeover, params, read)
 

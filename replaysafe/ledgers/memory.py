@@ -58,11 +58,21 @@ class MemoryLedger(LedgerBase):
             self._records[key] = record
             return new_tuple(ClaimResult, (record, True))  # type: ignore[no-any-return]
 
-    def takeover(self, record: Record, *, owner: str, now: datetime, lease_expires_at: datetime) -> Record | None:
+    def takeover(
+        self,
+        record: Record,
+        *,
+        owner: str,
+        now: datetime,
+        lease_expires_at: datetime,
+        status: Status = Status.RUNNING,
+        result: str | None = None,
+        args_digest: str | None = None,
+    ) -> Record | None:
         with self._lock(record.key):
             if self._records.get(record.key) != record:
                 return None
-            new = record.taken_over_by(owner, now, lease_expires_at)
+            new = record.taken_over_by(owner, now, lease_expires_at, status, result, args_digest)
             self._records[record.key] = new
             return new
 

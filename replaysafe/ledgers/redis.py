@@ -766,10 +766,18 @@ class _Operations:
         return _Op(parse, ("EVALSHA", _CLAIM.sha, 2, name, index, _pack(record)))
 
     def takeover(
-        self, record: Record, *, owner: str, now: dt.datetime, lease_expires_at: dt.datetime
+        self,
+        record: Record,
+        *,
+        owner: str,
+        now: dt.datetime,
+        lease_expires_at: dt.datetime,
+        status: Status = Status.RUNNING,
+        result: str | None = None,
+        args_digest: str | None = None,
     ) -> _Op[Record | None]:
-        """Replace ``record`` (still as read) by a ``running`` one for ``owner``, attempt + 1."""
-        taken = record.taken_over_by(owner, now, lease_expires_at)
+        """Replace ``record`` (still as read) by a ``running`` one (or ``status``) for ``owner``, attempt + 1."""
+        taken = record.taken_over_by(owner, now, lease_expires_at, status, result, args_digest)
         # Owners go as UTF-8, as records hold them, whatever the client's own encoding.
         expected = (_utf8(record.owner), str(record.attempt), _WORDS[record.status])
         return _Op(

@@ -372,11 +372,28 @@ class TieredLedger(LedgerBase):
         except LedgerError as exc:
             self._cache_failed(exc, "dropping a bad entry of", key, tool_name)
 
-    def _takeover(self, record: Record, owner: str, now: datetime, lease_expires_at: datetime) -> Steps[Record | None]:
+    def _takeover(
+        self,
+        record: Record,
+        owner: str,
+        now: datetime,
+        lease_expires_at: datetime,
+        new: tuple[Status, str | None, str | None] = (Status.RUNNING, None, None),
+    ) -> Steps[Record | None]:
         finished = record.status in FINISHED
         if finished:  # only a finished record may be in the cache: out first, nothing changed if it fails
             yield from self._invalidate(record.key, "was to take over", changed=False)
-        taken: Record | None = yield _truth("takeover", record, owner=owner, now=now, lease_expires_at=lease_expires_at)
+        status, result, args_digest = new
+        taken: Record | None = yield _truth(
+            "takeover",
+            record,
+            owner=owner,
+            now=now,
+            lease_expires_at=lease_expires_at,
+            status=status,
+            result=result,
+            args_digest=args_digest,
+        )
         held = self._unhold(record.key, owner)
         if taken is not None:
             self._hold(record.key, owner, taken, None if held is None else held[1])
@@ -464,9 +481,19 @@ class TieredLedger(LedgerBase):
         """A replay: the cache's finished record when it fits the call; otherwise the truth's claim."""
         return self._drive(self._claim(key, tool_name, args_digest, owner, now, lease_expires_at))
 
-    def takeover(self, record: Record, *, owner: str, now: datetime, lease_expires_at: datetime) -> Record | None:
+    def takeover(
+        self,
+        record: Record,
+        *,
+        owner: str,
+        now: datetime,
+        lease_expires_at: datetime,
+        status: Status = Status.RUNNING,
+        result: str | None = None,
+        args_digest: str | None = None,
+    ) -> Record | None:
         """The truth's takeover; a finished record's cache entry is removed first (and again after)."""
-        return self._drive(self._takeover(record, owner, now, lease_expires_at))
+        return self._drive(self._takeover(record, owner, now, lease_expires_at, (status, result, args_digest)))
 
     def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: datetime) -> bool:
         """The truth's complete; a finished record is then written to the cache."""
@@ -593,8 +620,19 @@ class _AsyncTieredLedger:
         ledger = self._ledger
         return await ledger._adrive(ledger._claim(key, tool_name, args_digest, owner, now, lease_expires_at))
 
-    async def takeover(self, record: Record, *, owner: str, now: datetime, lease_expires_at: datetime) -> Record | None:
-        return await self._ledger._adrive(self._ledger._takeover(record, owner, now, lease_expires_at))
+    async def takeover(
+        self,
+        record: Record,
+        *,
+        owner: str,
+        now: datetime,
+        lease_expires_at: datetime,
+        status: Status = Status.RUNNING,
+        result: str | None = None,
+        args_digest: str | None = None,
+    ) -> Record | None:
+        new = (status, result, args_digest)
+        return await self._ledger._adrive(self._ledger._takeover(record, owner, now, lease_expires_at, new))
 
     async def complete(self, key: CallKey, *, owner: str, status: Status, result: str | None, now: datetime) -> bool:
         return await self._ledger._adrive(self._ledger._complete(key, owner, status, result, now))

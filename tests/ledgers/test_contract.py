@@ -155,6 +155,45 @@ def test_takeover_of_an_in_doubt_record(ledger: Ledger) -> None:
     assert taken.attempt == 2
 
 
+def test_takeover_writes_the_new_records_status_result_and_digest(ledger: Ledger) -> None:
+    """An approver's decision (running or paused into paused, with its state) and a run that spends it (into
+    running, with its state and, for an edit asked with the edited arguments, their digest): one
+    compare-and-set each, sync and async, with no expiry; a stale read changes nothing."""
+    key = new_key()
+    running = claim(ledger, key, owner="a#1").record
+    paused = ledger.takeover(
+        running, owner="approver#1", now=NOW, lease_expires_at=NOW, status=Status.PAUSED, result="rs-state-1:{}"
+    )
+    assert paused is not None
+    stored = ledger.get(key)
+    assert stored == paused
+    assert (stored.status, stored.result, stored.owner, stored.attempt) == (
+        Status.PAUSED,
+        "rs-state-1:{}",
+        "approver#1",
+        2,
+    )
+    assert stored.args_digest == "d" * 64 and stored.expires_at is None
+    assert ledger.takeover(running, owner="c#1", now=NOW, lease_expires_at=LEASE, status=Status.PAUSED) is None
+
+    async def spend() -> Any:
+        return await ledger.aio.takeover(
+            stored, owner="b#1", now=NOW, lease_expires_at=LEASE, result="rs-state-1:[]", args_digest="e" * 64
+        )
+
+    taken = asyncio.run(spend())
+    assert taken is not None
+    again = ledger.get(key)
+    assert again == taken
+    assert (again.status, again.result, again.args_digest, again.attempt) == (
+        Status.RUNNING,
+        "rs-state-1:[]",
+        "e" * 64,
+        3,
+    )
+    assert ledger.complete(key, owner="b#1", status=Status.COMPLETED, result='"ok"', now=NOW)
+
+
 def test_renew_moves_the_lease_of_its_owner_only(ledger: Ledger) -> None:
     """A renewal by the owner moves the lease; a stranger's changes nothing and reports False."""
     key = new_key()
