@@ -201,3 +201,46 @@ def test_needs_approval_in_doubt_reconciler_takeover_reply_lost_keeps_may_have_r
     assert asked_reconciler == [3]  # about the attempt in doubt: asked 1, approved 2, ran 3
     assert lossy.lost == 1
     assert made == [30]
+
+
+class LosesAnyTakeoverReply(LosesTheSpendingReply):
+    """Loses the reply of the first takeover, whatever it carries (a plain in-doubt takeover too)."""
+
+    def takeover(self, record: Any, **kwargs: Any) -> Any:
+        taken = self._ledger.takeover(record, **kwargs)
+        if not self.lost:
+            self.lost += 1
+            raise LostReply("connection reset by peer (after the statement ran)")
+        return taken
+
+
+def test_a_plain_in_doubt_takeover_whose_reply_is_lost_still_asks_its_reconciler(ledger: Ledger) -> None:
+    """No approval involved: an in-doubt call taken over to ask its reconciler, the takeover's reply lost and
+    its retry answering "changed". The takeover landed: the reconciler is asked and the tool does not run
+    (read as a fresh claim of its own, the call used to run the tool without asking)."""
+    asked: list[int] = []
+
+    def reconciler(call: Any) -> Any:
+        asked.append(call.attempt)
+        return "found-at-provider"
+
+    made: list[int] = []
+
+    @replay_safe(ledger=ledger, name="refund_order")
+    def first_run(amount: int) -> str:
+        made.append(amount)
+        raise Interrupted()
+
+    key = new_key()
+    with tool_call(*key), pytest.raises(Interrupted):
+        first_run(30)
+    lossy = LosesAnyTakeoverReply(ledger)
+
+    @replay_safe(ledger=lossy, in_doubt=reconciler, name="refund_order")  # type: ignore[arg-type]
+    def refund_order(amount: int) -> str:
+        made.append(amount)
+        return "ran again"
+
+    with tool_call(*key):
+        assert refund_order(30) == "found-at-provider"
+    assert (asked, made, lossy.lost) == ([1], [30], 1)
