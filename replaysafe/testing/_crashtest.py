@@ -446,7 +446,12 @@ def _verdict(
     base, done = report.baseline, _tally(crashed.lines + resumed.lines)
     in_doubt = _keys(line for line in resumed.lines if line["kind"] == "event" and line["event"] == "in_doubt")
     claimed_then = _keys(line for line in crashed.lines if line["kind"] == "point" and line["point"] == BEFORE)
-    recorded_then = _keys(line for line in crashed.lines if line["kind"] == "point" and line["point"] == AFTER_RECORD)
+    # A paused record is no outcome: the call runs again (on its resume, or on an approval).
+    recorded_then = _keys(
+        line
+        for line in crashed.lines
+        if line["kind"] == "point" and line["point"] == AFTER_RECORD and line.get("status") != "paused"
+    )
     open_at_kill = claimed_then - recorded_then
     rerun = open_at_kill & in_doubt
     details: list[str] = []

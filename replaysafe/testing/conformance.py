@@ -71,11 +71,24 @@ class AgentRun:
     #: How many runs came before this one in this folder (0: the first): a restart after a crash is 1.
     boot: int
     thread_id: str = THREAD_ID
+    #: Who answers the agent's approval requests in this run (the kit's human approves in the first run
+    #: only); ``None``: nobody answers, and a run that asks for an approval ends waiting for one.
+    approver: str | None = None
 
 
 class Driver(Protocol):
     """What an adapter gives the kit. A driver may also have ``not_applicable``: a mapping of scenario name
-    to the reason the framework cannot have that case (``scenarios_for`` leaves those out, and says why)."""
+    to the reason the framework cannot have that case (``scenarios_for`` leaves those out, and says why);
+    and ``offers``: the capabilities it drives beyond tool calls (``CAPABILITIES``), for the scenarios that
+    need them.
+
+    ``"approvals"``: the agent asks its human (``AgentRun.approver``) before it calls a tool of the
+    scenario's ``options`` with ``needs_approval``, the framework's own way, and keeps the answer in its
+    own persistence; the adapter records the answer as a bound approval (``replaysafe.approvals``); a run
+    whose approval is asked for and not answered (``approver`` is ``None``, or the adapter asks again)
+    ends, waiting for it. ``"tool_errors"``: a tool's exception reaches the model as the framework's error
+    answer, and the run goes on.
+    """
 
     def run(self, run: AgentRun, /) -> None:
         """Build the agent (with the adapter when ``run.protect``), run it until the script ends, resuming
@@ -102,6 +115,8 @@ class Scenario:
     control_case: str | None = None
     #: Whether the kit needs the driver to run tools side by side in one turn (a scenario with parallel calls).
     parallel: bool = False
+    #: The driver capabilities the scenario needs (``Driver.offers``): a driver without them is not asked.
+    needs: frozenset[str] = frozenset()
 
     def __str__(self) -> str:
         return self.name
@@ -130,6 +145,21 @@ def notify_effect(order_id: str) -> str:
     return f"nt_{order_id}"
 
 
+@side_effect
+def cancel_effect(order_id: str) -> str:
+    return f"cx_{order_id}"
+
+
+class ProviderError(Exception):
+    """The provider acted, then answered with an error."""
+
+
+def cancel_order(order_id: str) -> str:
+    """Cancel an order: the provider cancels it, then times out answering."""
+    cancel_effect(order_id)
+    raise ProviderError("the provider timed out after cancelling")
+
+
 def refund_order(order_id: str) -> str:
     """Refund an order (the provider's side effect)."""
     return refund_effect(order_id)
@@ -155,7 +185,12 @@ def _steps_tool(protect: bool) -> Callable[..., Any]:
 
 def tools_for(protect: bool) -> dict[str, Callable[..., Any]]:
     """Every scenario's tools, by name."""
-    return {"refund_order": refund_order, "send_email": send_email, "charge_and_notify": _steps_tool(protect)}
+    return {
+        "refund_order": refund_order,
+        "send_email": send_email,
+        "charge_and_notify": _steps_tool(protect),
+        "cancel_order": cancel_order,
+    }
 
 
 def _calls(*calls: tuple[str, dict[str, Any]]) -> tuple[ScriptedCall, ...]:
@@ -219,16 +254,45 @@ SCENARIOS: tuple[Scenario, ...] = (
         options={"key": "args"},
         control={"key": "call"},
     ),
+    Scenario(
+        "approved_crash_inside",
+        Script((_calls(_REFUND), "done"), name="approved_crash_inside"),
+        "approved by its human, then killed inside the tool after its side effect: the resume asks for a new "
+        "decision instead of running it a second time on the same approval",
+        case="1@inside",
+        options={"needs_approval": True},
+        control_case=f"{_MODULE}:refund_effect@after-return",
+        needs=frozenset({"approvals"}),
+    ),
+    Scenario(
+        "tool_error_recorded",
+        Script((_calls(("cancel_order", {"order_id": "A1"})), "done"), name="tool_error_recorded"),
+        "a tool whose provider acted, then failed, killed once its failure was recorded (record_errors): the "
+        "resume hands the model the recorded failure and does not run the tool again",
+        case="1@after-record",
+        options={"record_errors": True},
+        control_case=f"{_MODULE}:cancel_effect@after-return",
+        needs=frozenset({"tool_errors"}),
+    ),
 )
+
+#: The capabilities a scenario may need of a driver (``Driver.offers``).
+CAPABILITIES = frozenset({"approvals", "tool_errors"})
+#: Who approves in the kit's scenarios (``AgentRun.approver`` in the first run).
+APPROVER = "conformance-human"
 
 
 def scenarios_for(driver: object) -> list[Scenario]:
-    """The scenarios that apply to ``driver`` (all but its ``not_applicable`` ones)."""
+    """The scenarios that apply to ``driver``: all but its ``not_applicable`` ones and those needing a
+    capability it does not offer (``Driver.offers``)."""
     left_out: Mapping[str, str] = getattr(driver, "not_applicable", {})
     unknown = set(left_out) - {s.name for s in SCENARIOS}
     if unknown:
         raise ValueError(f"not_applicable names no scenario: {sorted(unknown)}")
-    return [scenario for scenario in SCENARIOS if scenario.name not in left_out]
+    offers: frozenset[str] = frozenset(getattr(driver, "offers", ()))
+    if offers - CAPABILITIES:
+        raise ValueError(f"offers names no capability: {sorted(offers - CAPABILITIES)} (known: {sorted(CAPABILITIES)})")
+    return [s for s in SCENARIOS if s.name not in left_out and s.needs <= offers]
 
 
 # --- the child's side: the entry point crashtest runs --------------------------------------------
@@ -254,6 +318,7 @@ def entry() -> None:
                 spec["protect"],
                 spec["options"],
                 boot,
+                approver=APPROVER if boot == 0 else None,
             )
         )
 
@@ -326,6 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = getattr(importlib.import_module(module_name), attribute)
     for name, why in getattr(target, "not_applicable", {}).items():
         print(f"n/a  {name}: {why}")
+    offers = frozenset(getattr(target, "offers", ()))
+    for scenario in SCENARIOS:
+        if not scenario.needs <= offers:
+            print(f"n/a  {scenario.name}: the driver does not offer {', '.join(sorted(scenario.needs - offers))}")
     failed = 0
     for scenario in scenarios_for(target):
         if names and scenario.name not in names:
