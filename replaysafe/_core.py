@@ -1213,20 +1213,18 @@ def _granted(
         return verdict
     if verdict.reason == "missing" and mismatched:
         verdict = Refusal("mismatch", "it was paused for a decision with other arguments")
+    if verdict.reason == "spent" and state.decision is not None:
+        # Written into an earlier record of the call, since spent (restored in the store): it runs nothing.
+        host.emit(
+            EventKind.APPROVAL_REFUSED,
+            f"{describe(spec.name, key)}: its approval by {state.decision.by} was spent by an earlier attempt of "
+            "the call, which it does not run again",
+            tool_name=spec.name,
+            key=key,
+            approver=state.decision.by,
+            reason="spent",
+        )
     if verdict.reason == "spent" or verdict.reason == "missing":
-        # Spent by an earlier attempt, or written into an earlier record of the call (restored in the
-        # store after it was spent): it does not run the call again.
-        spent = state.decision if verdict.reason == "spent" else state.spent
-        if spent is not None:
-            host.emit(
-                EventKind.APPROVAL_REFUSED,
-                f"{describe(spec.name, key)}: its approval by {spent.by} was spent by an earlier attempt of the "
-                "call, which it does not run again",
-                tool_name=spec.name,
-                key=key,
-                approver=spent.by,
-                reason="spent",
-            )
         _approval_required(spec, host, key, state.may_have_run, announce=False)
     decision = state.decision
     if verdict.reason == "rejected":

@@ -10,9 +10,11 @@ import pytest
 from replaysafe import (
     ApprovalRequiredError,
     CallKey,
+    Event,
+    EventKind,
     Status,
-    TamperedRecordError,
     approvals,
+    on_event,
     replay_safe,
     tool_call,
 )
@@ -27,8 +29,8 @@ def new_key() -> CallKey:
 def test_a_sealed_approval_replayed_into_a_completed_record_is_not_spent_twice(signed: Any) -> None:  # noqa: F811
     """The store's writer saved the sealed paused record holding the approval (readable by anyone who can read
     the store), let the call run on it, then writes that saved status and text back over the completed record.
-    The seal covers (key, tool, digest, status, text) only, not the attempt, so it checks: one approval, two
-    executions. Secure: TamperedRecordError (or an ask for a new approval), never a second run."""
+    The seal checks (it covers key, tool, digest, status and text); the approval is bound to the attempt of the
+    record it was written into, which has moved on: it asks for a new decision, and nothing runs."""
     ledger, tamper, _ = signed
     made: list[int] = []
 
@@ -48,9 +50,12 @@ def test_a_sealed_approval_replayed_into_a_completed_record_is_not_spent_twice(s
     assert made == [30]
     # Rolled back: only the status and the result, both copied from what the store held before.
     tamper(ledger, key, {"status": "paused", "result": saved.result})
+    seen: list[Event] = []
+    unsubscribe = on_event(seen.append)
     try:
-        with tool_call(*key):
+        with tool_call(*key), pytest.raises(ApprovalRequiredError):
             refund_order(30)
-    except (TamperedRecordError, ApprovalRequiredError):
-        pass
+    finally:
+        unsubscribe()
     assert made == [30], f"one approval, {len(made)} executions"
+    assert [(e.reason, e.approver) for e in seen if e.kind is EventKind.APPROVAL_REFUSED] == [("spent", "ana")]
