@@ -181,8 +181,12 @@ class _Tool:
         return Earlier(frozenset(digests), tuple(keys))
 
     def digest_of(self, arguments: Mapping[str, Any]) -> str:
-        """The digest of a call given ``arguments`` by name (an approver's edit): bound as a function's, or,
-        when that leaves out a receiver, as a method's."""
+        """The digest of a call given ``arguments`` by name (an approver's edit, a framework's held-back call):
+        bound as a function's, or, when that leaves out a receiver, as a method's. Arguments the digest
+        leaves out (``exclude_args``: a framework's context, a client) need not be given."""
+        missing = {name: None for name in self.exclude_args if name not in arguments}
+        if missing:
+            arguments = {**arguments, **missing}
         try:
             return self._digests[0](self._bind(False, (), arguments), self.spec.name)
         except TypeError:

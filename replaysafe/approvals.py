@@ -21,12 +21,22 @@ refund_order("A1", 30)  # runs once, on that approval
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from . import _config, _drivers
-from ._approvals import DEFAULT_EXPIRY, Approval, Decision, edited_arguments, expiry
+from ._approvals import (
+    DEFAULT_EXPIRY,
+    STATE_PREFIX,
+    Approval,
+    CallState,
+    Decision,
+    edited_arguments,
+    expiry,
+    parse_state,
+)
 from ._context import CallInfo
 from ._decorator import tool_of
 from ._errors import (
@@ -36,7 +46,8 @@ from ._errors import (
     ApprovalRequiredError,
     ReplaySafeError,
 )
-from ._records import CallKey, Record
+from ._records import CallKey, Record, Status
+from ._sealing import unsealed
 from .ledgers import Ledger
 
 __all__ = [
@@ -48,10 +59,12 @@ __all__ = [
     "ApprovalRequiredError",
     "aapprove",
     "approve",
+    "ApprovalState",
     "areject",
     "arequest",
     "reject",
     "request",
+    "state",
 ]
 
 #: What names a call to decide: its key, the ``CallInfo`` of ``current_call()``, or the
@@ -133,6 +146,53 @@ def _requested(
             "replaysafe.set_default_ledger() or REPLAYSAFE_LEDGER_URL"
         )
     return chosen, key, protected.spec.name, protected.digest_of(args)
+
+
+@dataclasses.dataclass(frozen=True)
+class ApprovalState:
+    """What a call's record says of its approvals (``state``), its seal checked on a signing ledger."""
+
+    #: The record's status (``paused`` while it waits for a decision).
+    status: Status
+    #: Its attempt: +1 at each decision and each run.
+    attempt: int
+    #: The call runs only on an approval (it asked for one, or ran on one).
+    requested: bool
+    #: The decision not yet spent, if any.
+    decision: Approval | None
+    #: The approval its last attempt ran on, if it has not finished since.
+    spent: Approval | None
+    #: Its last approved attempt did not finish: its side effect may have happened.
+    may_have_run: bool
+
+    @property
+    def waiting(self) -> bool:
+        """Whether it waits for its first decision: paused, asked, undecided, never run on an approval. A
+        framework that hands its human's answer back after a restart records it only then, so one answer
+        never approves a second run."""
+        return (
+            self.status is Status.PAUSED
+            and self.requested
+            and self.decision is None
+            and self.spent is None
+            and not self.may_have_run
+        )
+
+
+def state(call: CallRef, *, ledger: Ledger | None = None) -> ApprovalState | None:
+    """What the record of ``call`` says of its approvals; ``None`` when it has no record. A finished call
+    says nothing of them any more (``requested`` false)."""
+    chosen, key = _ledger(ledger), _key_of(call)
+    record = chosen.get(key)
+    if record is None:
+        return None
+    text = unsealed(record.result) if chosen.sealer is None else chosen.sealer.open(record)
+    found = parse_state(text) if text is not None and text.startswith(STATE_PREFIX) else None
+    if found is None or record.status in (Status.COMPLETED, Status.FAILED):
+        found = CallState()
+    return ApprovalState(
+        record.status, record.attempt, found.requested, found.decision, found.spent, found.may_have_run
+    )
 
 
 Decided = tuple[Ledger, CallKey, Callable[[Record, datetime], Approval]]

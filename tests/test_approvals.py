@@ -613,3 +613,44 @@ def test_a_held_back_call_rejected_never_runs(ledger: Ledger) -> None:
     with pytest.raises(ApprovalRejectedError):
         refunds.call(key)
     assert refunds.made == []
+
+
+def test_a_request_needs_no_argument_the_digest_leaves_out(ledger: Ledger) -> None:
+    """A framework's context or client parameter (``exclude_args``) is not part of the call's identity: a
+    request without it is the call the framework then makes with it."""
+    made: list[int] = []
+
+    @replay_safe(ledger=ledger, needs_approval=True, exclude_args=("context",))
+    def refund_order(amount: int, context: object) -> str:
+        made.append(amount)
+        return f"re_{amount}"
+
+    key = new_key()
+    approvals.request(key, tool=refund_order, args={"amount": 30}, ledger=ledger)
+    approvals.approve(key, by="ana", ledger=ledger)
+    with tool_call(*key):
+        assert refund_order(30, context=object()) == "re_30"
+    assert made == [30]
+
+
+def test_state_says_when_a_call_waits_for_its_first_decision(ledger: Ledger) -> None:
+    """A framework that hands its human's answer back after a restart asks ``state`` whether the call still
+    waits for its first decision: once decided, run, or in doubt after a run, it does not, so an answer handed
+    back twice never approves a second run."""
+    refunds, key = Refunds(ledger), new_key()
+    assert approvals.state(key, ledger=ledger) is None
+    asked(refunds, key)
+    waiting = approvals.state(key, ledger=ledger)
+    assert waiting is not None and waiting.waiting and waiting.status is Status.PAUSED
+    approvals.approve(key, by="ana", ledger=ledger)
+    decided = approvals.state(key, ledger=ledger)
+    assert decided is not None and not decided.waiting and decided.decision is not None
+    assert decided.decision.by == "ana"
+    refunds.call(key)
+    done = approvals.state(key, ledger=ledger)
+    assert done is not None and done.status is Status.COMPLETED and not done.waiting and not done.requested
+    refund_order, in_doubt, _ = interrupted_on_its_approval(ledger)
+    with tool_call(*in_doubt), pytest.raises(ApprovalRequiredError):
+        refund_order(30)
+    again = approvals.state(in_doubt, ledger=ledger)
+    assert again is not None and again.may_have_run and not again.waiting
