@@ -433,8 +433,9 @@ class Approvals:
 
 def test_an_approval_hook_holds_no_claim_and_the_turn_resumes_once(tmp_path: Path, ledger: Ledger) -> None:
     """An email and a refund in one turn, the refund waiting for approval: the email runs and is recorded, the
-    refund holds no claim while it waits; resumed from the session with the approval, the refund runs once and
-    the email is not run again (Strands keeps the turn's finished results with the interrupt)."""
+    refund is kept paused for a decision (it holds no running claim) while it waits; resumed from the session with
+    the approval, the refund runs once and the email is not run again (Strands keeps the turn's finished results
+    with the interrupt)."""
     effects: list[str] = []
     tools = effect_tools(effects)
     calls = (ScriptedCall("send_email", {"to": "ana@example.com"}), ScriptedCall("refund_order", {"order_id": "A1"}))
@@ -449,7 +450,9 @@ def test_an_approval_hook_holds_no_claim_and_the_turn_resumes_once(tmp_path: Pat
     paused = agent()("Refund A1 and tell Ana")
     assert paused.stop_reason == "interrupt"
     assert effects == ["email ana@example.com"]
-    assert ledger.get(CallKey(thread, message, refund_id)) is None
+    waiting = ledger.get(CallKey(thread, message, refund_id))
+    assert waiting is not None
+    assert waiting.status is Status.PAUSED
     assert paused.interrupts is not None
     response: list[Any] = [{"interruptResponse": {"interruptId": paused.interrupts[0].id, "response": "yes"}}]
     agent()(response)

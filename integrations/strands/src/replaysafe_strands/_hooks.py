@@ -10,6 +10,12 @@ hooks see the result and the exception a failing tool raised. The hooks here:
   records its result (status and content) or, when the call finished before, returns the record without
   running it. The claim is taken inside the swapped tool, not in the hook: a call that a hook interrupts or
   cancels never holds one.
+- Approvals: a ``BeforeToolCallEvent`` hook that holds the call for a human (``event.interrupt(...)``) is seen by
+  the swap, which runs after every other hook. While the interrupt waits, the call is kept paused for a
+  decision (``approvals.request``); once the human's answer is handed back (the agent resumed with an
+  ``interruptResponse``) and the hooks ran with it, the outcome is recorded as a bound approval: the call
+  cancelled (``cancel_tool``) is rejected, else approved, with an edit when a hook replaced the model's input
+  (``event.tool_use``). The claim then checks the call against it and spends it.
 - ``AfterToolCallEvent``: end the run when the call failed with one of replaysafe's own ``CONTROL_ERRORS``
   (a call in doubt under ``in_doubt="raise"``, a mismatch, a ledger failure...). Strands turns every tool
   exception into an error result for the model, and a model that reads one only asks for the same side
@@ -22,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from strands.hooks import AfterToolCallEvent, BeforeToolCallEvent, HookOrder, HookRegistry
-from strands.interrupt import InterruptException
+from strands.interrupt import Interrupt, InterruptException
 from strands.types._events import ToolInterruptEvent  # the one event a paused tool yields; not re-exported
 from strands.types.events import ToolResultEvent
 from strands.types.exceptions import EventLoopException
@@ -30,10 +36,14 @@ from strands.types.tools import AgentTool, ToolGenerator, ToolResult, ToolSpec, 
 
 from replaysafe import (
     CONTROL_ERRORS,
+    ApprovalRejectedError,
     CallKey,
     Ledger,
     RecordedToolError,
+    ReplayMismatchError,
     ReplaySafeError,
+    Status,
+    approvals,
     is_replay_safe,
     replay_safe,
     tool_call,
@@ -96,6 +106,37 @@ def call_key(event: BeforeToolCallEvent, thread_id: ThreadId | None = None) -> C
     tool_use_id = str(event.tool_use.get("toolUseId") or "")
     message = (message_id(event.agent, tool_use_id) or "") if tool_use_id else ""
     return CallKey(thread or "", message, tool_use_id)
+
+
+def model_input(agent: object, tool_use_id: str) -> Mapping[str, Any] | None:
+    """The input the model gave the call ``tool_use_id`` in the latest assistant message holding it, or ``None``."""
+    for message in reversed(getattr(agent, "messages", None) or []):
+        if message.get("role") != "assistant":
+            continue
+        for block in message.get("content", []):
+            use = block.get("toolUse") if isinstance(block, Mapping) else None
+            if isinstance(use, Mapping) and use.get("toolUseId") == tool_use_id:
+                given = use.get("input")
+                return given if isinstance(given, Mapping) else None
+    return None
+
+
+def approval_interrupts(event: BeforeToolCallEvent) -> list[Interrupt]:
+    """The interrupts ``BeforeToolCallEvent`` hooks raised for this call (``event.interrupt(name)``), answered or not.
+
+    Strands keeps them in the agent's interrupt state (restored from the session), each under the id the event
+    gives its name: an interrupt of this call's hooks is one whose id is ``event._interrupt_id(its name)``.
+    """
+    state = getattr(event.agent, "_interrupt_state", None)
+    interrupts: Mapping[str, Interrupt] = getattr(state, "interrupts", None) or {}
+    return [interrupt for interrupt in interrupts.values() if interrupt.id == event._interrupt_id(interrupt.name)]
+
+
+#: Who approved, when ``approver=`` is not given: the answer came through a Strands interrupt.
+DEFAULT_APPROVER = "strands-interrupt"
+
+#: The approver of a call: a fixed name, or a function of the ``BeforeToolCallEvent`` and the answered interrupts.
+Approver = str | Callable[[BeforeToolCallEvent, list[Interrupt]], str]
 
 
 def _is_replay_safe(tool: AgentTool) -> bool:
@@ -205,7 +246,10 @@ class ReplaySafeHooks:
     ``ledger``: where calls are recorded (default: replaysafe's default ledger). ``thread_id``: the
     conversation's id, a string or a function of the ``BeforeToolCallEvent``; by default
     ``invocation_state["thread_id"]``, else ``"<session id>/<agent id>"`` of an agent with a session manager.
-    ``pauses``: exceptions that pause a call besides Strands' ``InterruptException``. Any other keyword is a
+    ``pauses``: exceptions that pause a call besides Strands' ``InterruptException``. ``approver``: who decided a
+    call a ``BeforeToolCallEvent`` hook held for a human (a name, or a function of the event and its answered
+    interrupts; default ``"strands-interrupt"``), and ``approval_expires_in``: for how many seconds such an
+    approval may be spent (15 minutes). Any other keyword is a
     ``@replay_safe`` option for the tools this provider protects (``key="args"``, ``in_doubt="raise"``,
     ``record_errors=...``, ``lease=...``); a tool whose function is decorated with ``@replay_safe`` keeps its own.
     """
@@ -216,10 +260,14 @@ class ReplaySafeHooks:
         *,
         thread_id: ThreadId | None = None,
         pauses: tuple[type[BaseException], ...] = (),
+        approver: Approver = DEFAULT_APPROVER,
+        approval_expires_in: float = 900,
         **options: Any,
     ) -> None:
         self.ledger = ledger
         self.thread_id = thread_id
+        self.approver = approver
+        self.approval_expires_in = approval_expires_in
         self.pauses: tuple[type[BaseException], ...] = (InterruptException, *pauses)
         self.options: Mapping[str, Any] = dict(options)
         # One protected function per tool name, so that a warning the core says once per tool (a missing id,
@@ -231,12 +279,61 @@ class ReplaySafeHooks:
         registry.add_callback(BeforeToolCallEvent, self.before_tool_call, order=HookOrder.SDK_LAST)
         registry.add_callback(AfterToolCallEvent, self.after_tool_call)
 
-    def before_tool_call(self, event: BeforeToolCallEvent) -> None:
-        """Swap ``selected_tool`` for one that runs it once per call key (left alone: no tool, a cancelled call)."""
+    async def before_tool_call(self, event: BeforeToolCallEvent) -> None:
+        """Record a hook's approval interrupt and its answer; swap ``selected_tool`` for one that runs it once per
+        call key (left alone: no tool, a cancelled call)."""
         tool = event.selected_tool
-        if tool is None or event.cancel_tool or isinstance(tool, _ReplaySafeTool):
+        if tool is None or isinstance(tool, _ReplaySafeTool):
             return
-        event.selected_tool = _ReplaySafeTool(tool, call_key(event, self.thread_id), self)
+        key = call_key(event, self.thread_id)
+        asked = approval_interrupts(event)
+        if asked and all(key):
+            await self._approval(event, tool, key, asked)
+        if not event.cancel_tool:
+            event.selected_tool = _ReplaySafeTool(tool, key, self)
+
+    async def _approval(
+        self, event: BeforeToolCallEvent, tool: AgentTool, key: CallKey, asked: list[Interrupt]
+    ) -> None:
+        """The call is held for a human (an interrupt unanswered): keep it paused for a decision. Answered: record
+        the outcome the hooks settled on as the decision, once, on the call as it was requested.
+
+        ``approvals.request`` returns the call's record: its first attempt is the request itself. A record that
+        moved on (decided already, run, in doubt after a run on an approval) is never decided again from the
+        same answer: an answer handed back again (a process killed in the approved tool, resumed with it) does
+        not approve a second run; the claim then asks for a new decision (``ApprovalRequiredError``).
+        """
+        tool_use_id = key.tool_call_id
+        requested = model_input(event.agent, tool_use_id)
+        current = event.tool_use.get("input")
+        if requested is None:
+            requested = current if isinstance(current, Mapping) else {}
+        protected, arguments = self._approval_target(tool, requested)
+        try:
+            record = await approvals.arequest(key, tool=protected, args=arguments, ledger=self.ledger)
+        except (ValueError, TypeError, ReplayMismatchError):
+            # Finished already (it replays), or requested for other arguments (the claim refuses them), or a
+            # tool whose parameters are not its input alone: nothing to decide here.
+            return
+        if any(interrupt.response is None for interrupt in asked):
+            return  # still waiting: the request is kept
+        if record.status is not Status.PAUSED or record.attempt != 1:
+            return
+        by = self.approver if isinstance(self.approver, str) else self.approver(event, asked)
+        if event.cancel_tool:
+            reason = event.cancel_tool if isinstance(event.cancel_tool, str) else "tool cancelled by user"
+            await approvals.areject(key, by=by, reason=reason, ledger=self.ledger)
+            return
+        edit = None
+        if isinstance(current, Mapping) and dict(current) != dict(requested):
+            _, edit = self._approval_target(tool, current)  # the hook applied an edit from the answer
+        await approvals.aapprove(key, by=by, expires_in=self.approval_expires_in, args=edit, ledger=self.ledger)
+
+    def _approval_target(self, tool: AgentTool, given: Mapping[str, Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
+        """The ``@replay_safe`` function a call of ``tool`` runs, and its arguments by parameter name for ``given``."""
+        if _is_replay_safe(tool):
+            return cast(Callable[..., Any], getattr(tool, "__wrapped__", None)), dict(given)
+        return self._protect(tool.tool_name), {"arguments": dict(given), "run": None}
 
     def after_tool_call(self, event: AfterToolCallEvent) -> None:
         """End the run on replaysafe's own refusals, which must never reach the model as a tool's error."""
@@ -266,6 +363,16 @@ class ReplaySafeHooks:
             raise
         except _UnrecordedError:
             return run.events
+        except ApprovalRejectedError as error:
+            # Rejected (by an operator, replaysafe ledger reject): the model reads the rejection as it reads a
+            # call a hook cancelled, its reason as the cancel message.
+            text = error.reason or "tool cancelled by user"
+            rejected: ToolResult = {
+                "toolUseId": str(run.tool_use.get("toolUseId")),
+                "status": "error",
+                "content": [{"text": text}],
+            }
+            return [ToolResultEvent(rejected)]
         except RecordedToolError as error:  # a failure recorded under record_errors: the tool's outcome
             # The text Strands' @tool gave the model when the tool raised, rebuilt from the record: a ValueError's
             # message alone (its validation errors' form), any other error's type name and message.
