@@ -24,8 +24,28 @@ class _Waiting(Exception):
     """The run stops here: a tool call waits for its human's answer."""
 
 
+class _Paused(Exception):
+    """The loop's pause: a tool waits for its human (``LoopDriver.ask``)."""
+
+
 class LoopDriver:
-    offers = frozenset({"approvals", "tool_errors"})
+    offers = frozenset({"approvals", "pauses", "tool_errors"})
+
+    def __init__(self) -> None:
+        self._asking = ""  # the call whose tool is running (one at a time)
+
+    def ask(self, run: AgentRun, question: str) -> str:
+        """A tool waits for its human: the answer the loop kept for this call, else the loop pauses the call."""
+        answers = self._answers(run)
+        if self._asking in answers:
+            return answers[self._asking]
+        raise _Paused(question)
+
+    @staticmethod
+    def _answers(run: AgentRun) -> dict[str, str]:
+        path = run.folder / "answers.json"
+        answers: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+        return answers
 
     def run(self, run: AgentRun) -> None:
         path = run.folder / "history.json"
@@ -55,11 +75,18 @@ class LoopDriver:
         key = (run.thread_id, message_id, call_id)
         if needs_approval:
             self._approved(run, key, protected, args)
+        self._asking = call_id
         try:
             if not run.protect:
                 return tool(**args)
-            with tool_call(*key):
+            with tool_call(*key, pauses=(_Paused,)):
                 return protected(**args)
+        except _Paused:
+            # The framework asks its human, keeps the answer, and runs the tool again from its top.
+            answers = self._answers(run)
+            answers[call_id] = run.answer
+            (run.folder / "answers.json").write_text(json.dumps(answers))
+            return self._call(run, message_id, call_id, name, args)
         except ApprovalRequiredError:
             raise _Waiting from None  # asked again (in doubt after it ran on its approval): for a new decision
         except CONTROL_ERRORS:

@@ -74,6 +74,9 @@ class AgentRun:
     #: Who answers the agent's approval requests in this run (the kit's human approves in the first run
     #: only); ``None``: nobody answers, and a run that asks for an approval ends waiting for one.
     approver: str | None = None
+    #: What the human answers a tool that waits for one (``Driver.ask``, the ``"pauses"`` scenarios), in
+    #: every run: ``"yes"`` or ``"no"``.
+    answer: str = "yes"
 
 
 class Driver(Protocol):
@@ -82,12 +85,20 @@ class Driver(Protocol):
     and ``offers``: the capabilities it drives beyond tool calls (``CAPABILITIES``), for the scenarios that
     need them.
 
+    ``"pauses"``: the driver has ``ask(run, question) -> str``, the framework's way for a tool to wait for
+    its human: called inside a tool, it pauses the run the framework's way (LangGraph's ``interrupt``, an
+    ADK confirmation, a Strands interrupt...) and the framework runs the tool again on its resume, where
+    ``ask`` returns the human's answer (``AgentRun.answer``, given in every run), which the framework keeps.
+    The adapter keeps the paused call's completed steps.
+
     ``"approvals"``: the agent asks its human (``AgentRun.approver``) before it calls a tool of the
     scenario's ``options`` with ``needs_approval``, the framework's own way, and keeps the answer in its
     own persistence; the adapter records the answer as a bound approval (``replaysafe.approvals``); a run
     whose approval is asked for and not answered (``approver`` is ``None``, or the adapter asks again)
-    ends, waiting for it. ``"tool_errors"``: a tool's exception reaches the model as the framework's error
-    answer, and the run goes on.
+    ends, waiting for it.
+
+    ``"tool_errors"``: a tool's exception reaches the model as the framework's error answer, and the run
+    goes on.
     """
 
     def run(self, run: AgentRun, /) -> None:
@@ -117,6 +128,8 @@ class Scenario:
     parallel: bool = False
     #: The driver capabilities the scenario needs (``Driver.offers``): a driver without them is not asked.
     needs: frozenset[str] = frozenset()
+    #: What the human answers a tool that waits for one (``AgentRun.answer``).
+    answer: str = "yes"
 
     def __str__(self) -> str:
         return self.name
@@ -183,13 +196,29 @@ def _steps_tool(protect: bool) -> Callable[..., Any]:
     return charge_and_notify
 
 
-def tools_for(protect: bool) -> dict[str, Callable[..., Any]]:
-    """Every scenario's tools, by name."""
+def _review_tool(protect: bool, ask: Callable[[str], str] | None) -> Callable[..., Any]:
+    refund = replay_safe(name="refund")(refund_effect) if protect else refund_effect
+
+    def refund_after_review(order_id: str) -> str:
+        """Refund an order (a step), then ask a human whether to tell the customer: notify only if yes."""
+        receipt = refund(order_id)
+        if ask is None:
+            raise RuntimeError("this tool needs a driver that offers pauses (Driver.ask)")
+        if ask("tell the customer?") != "yes":
+            return f"{receipt}, customer not told"
+        return f"{receipt} {notify_effect(order_id)}"
+
+    return refund_after_review
+
+
+def tools_for(protect: bool, ask: Callable[[str], str] | None = None) -> dict[str, Callable[..., Any]]:
+    """Every scenario's tools, by name (``ask``: the driver's way for a tool to wait for its human)."""
     return {
         "refund_order": refund_order,
         "send_email": send_email,
         "charge_and_notify": _steps_tool(protect),
         "cancel_order": cancel_order,
+        "refund_after_review": _review_tool(protect, ask),
     }
 
 
@@ -274,10 +303,29 @@ SCENARIOS: tuple[Scenario, ...] = (
         control_case=f"{_MODULE}:cancel_effect@after-return",
         needs=frozenset({"tool_errors"}),
     ),
+    Scenario(
+        "pause_approved",
+        Script((_calls(("refund_after_review", {"order_id": "A1"})), "done"), name="pause_approved"),
+        "a step, then a pause for a human, killed once the step was recorded: on resume the step replays, the "
+        "human's yes lets the side effect after the pause run, once",
+        case="2@after-record",
+        control_case=f"{_MODULE}:refund_effect@after-return",
+        needs=frozenset({"pauses"}),
+    ),
+    Scenario(
+        "pause_rejected",
+        Script((_calls(("refund_after_review", {"order_id": "A1"})), "done"), name="pause_rejected"),
+        "a step, then a pause for a human who says no, killed once the step was recorded: on resume the step "
+        "replays, and the side effect after the pause never runs",
+        case="2@after-record",
+        control_case=f"{_MODULE}:refund_effect@after-return",
+        needs=frozenset({"pauses"}),
+        answer="no",
+    ),
 )
 
 #: The capabilities a scenario may need of a driver (``Driver.offers``).
-CAPABILITIES = frozenset({"approvals", "tool_errors"})
+CAPABILITIES = frozenset({"approvals", "pauses", "tool_errors"})
 #: Who approves in the kit's scenarios (``AgentRun.approver`` in the first run).
 APPROVER = "conformance-human"
 
@@ -309,18 +357,26 @@ def entry() -> None:
     boot = int(boots.read_text()) if boots.exists() else 0
     boots.write_text(str(boot + 1))  # before anything runs: a run killed at once still counts as a boot
     with open_ledger(os.environ[LEDGER_URL_ENV]) as ledger:
-        driver.run(
-            AgentRun(
-                scenario.script,
-                tools_for(spec["protect"]),
-                folder,
-                ledger,
-                spec["protect"],
-                spec["options"],
-                boot,
-                approver=APPROVER if boot == 0 else None,
-            )
+        asking: dict[str, AgentRun] = {}
+        ask = getattr(driver, "ask", None)
+
+        def asked(question: str) -> str:
+            answer: str = ask(asking["run"], question)  # type: ignore[misc]
+            return answer
+
+        run = AgentRun(
+            scenario.script,
+            tools_for(spec["protect"], asked if ask is not None else None),
+            folder,
+            ledger,
+            spec["protect"],
+            spec["options"],
+            boot,
+            approver=APPROVER if boot == 0 else None,
+            answer=scenario.answer,
         )
+        asking["run"] = run
+        driver.run(run)
 
 
 # --- the test's side -----------------------------------------------------------------------------
