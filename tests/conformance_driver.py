@@ -116,7 +116,17 @@ class UnprotectedDriver(LoopDriver):
 
     def run(self, run: AgentRun) -> None:
         super().run(
-            AgentRun(run.script, run.tools, run.folder, run.ledger, False, run.options, run.boot, approver=run.approver)
+            AgentRun(
+                run.script,
+                run.tools,
+                run.folder,
+                run.ledger,
+                False,
+                run.options,
+                run.boot,
+                approver=run.approver,
+                answer=run.answer,
+            )
         )
 
 
