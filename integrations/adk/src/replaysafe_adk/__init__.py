@@ -2,10 +2,12 @@
 
 ``ReplaySafePlugin(ledger)`` is an ADK plugin (``Runner(..., plugins=[...])`` or ``App(..., plugins=[...])``). A
 call is keyed by ``(session id, id of the session event holding the model's function call, function call id)``.
+ADK's tool confirmations are recorded as approvals bound to the call (``replaysafe.approvals``): see the README,
+"Approvals".
 """
 
 from __future__ import annotations
 
-from ._plugin import ReplaySafePlugin, call_key, message_id, replaysafe_error
+from ._plugin import APPROVER, ReplaySafePlugin, call_key, confirmation_answer, message_id, replaysafe_error
 
-__all__ = ["ReplaySafePlugin", "call_key", "message_id", "replaysafe_error"]
+__all__ = ["APPROVER", "ReplaySafePlugin", "call_key", "confirmation_answer", "message_id", "replaysafe_error"]

@@ -17,6 +17,12 @@ replay are the core's own, and ADK's gate and the agent's callbacks still run ar
 - ``on_tool_error_callback`` hands the tool's error to the body: the core does not record a tool that raised
   (docs/adapters.md, section 7) unless ``record_errors=`` covers it. A cancelled call is cancelled inside the
   core too, which leaves it in doubt: the tool may have taken effect.
+- A call ADK asks a human to confirm before it runs (``require_confirmation``) is not claimed then: it is kept
+  paused for a decision (``replaysafe.approvals.request``). The human's answer (``ToolConfirmation``), when ADK
+  hands it to the call, is recorded once as a decision bound to the call (``approvals.approve`` / ``reject``, under
+  a key of the answer's own, so that a resume handing the call the same answer again does not approve it twice);
+  the claim then checks the approval against the call and spends it. A tool that asks itself
+  (``tool_context.request_confirmation``) pauses as above, and its confirmation is recorded the same way.
 - ``after_run_callback`` / ``on_run_error_callback`` end what is left of an invocation's calls: a call whose
   after-tool or error callback never reached the plugin (a plugin listed before it answered) is left in doubt,
   not claimed for as long as the process lives.
@@ -29,15 +35,26 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from datetime import timedelta
 from typing import Any, cast
 
 from google.adk.agents.invocation_context import InvocationContext
+from google.adk.platform import time as platform_time
 from google.adk.plugins.base_plugin import BasePlugin
 from google.adk.tools.base_tool import BaseTool
 from google.adk.tools.function_tool import FunctionTool
+from google.adk.tools.tool_confirmation import ToolConfirmation
 from google.adk.tools.tool_context import ToolContext
 
-from replaysafe import CONTROL_ERRORS, CallKey, Ledger, is_replay_safe, replay_safe, tool_call
+from replaysafe import (
+    CONTROL_ERRORS,
+    CallKey,
+    Ledger,
+    approvals,
+    is_replay_safe,
+    replay_safe,
+    tool_call,
+)
 
 #: What the warning about a call with a missing id tells the user (the adapter is in use: the cause is elsewhere).
 MISSING_IDS_FIX = (
@@ -46,6 +63,27 @@ MISSING_IDS_FIX = (
     'model turn. Key the tool by its arguments (ReplaySafePlugin(key="args"), or @replay_safe(key="args") '
     "on its function) or by a business key (key=function), or run it from an LlmAgent."
 )
+
+
+#: Who decided, in the ledger, when ``approver=`` is not given: ADK's answer does not say who gave it.
+APPROVER = "adk"
+
+#: How long the human's answer lets the call run, from when it was given (``approval_expires_in=``): 15 minutes.
+APPROVAL_EXPIRES_IN = 900.0
+
+#: ADK's function call that asks the human to confirm a call, and the name of the user's answer to it.
+REQUEST_CONFIRMATION = "adk_request_confirmation"
+
+#: What ADK's confirmation gate answers a rejected call with; the plugin answers a call whose rejection it recorded
+#: the same way, so the model sees ADK's own denial.
+REJECTED_RESPONSE = {"error": "This tool call is rejected."}
+
+#: The reason recorded with a rejection given in ADK's confirmation.
+REJECTED_REASON = "rejected in ADK's tool confirmation (confirmed=False)"
+
+#: An approver's answer: who decided (``approver=``), or what the answer edits (``edited_args=``).
+Approver = Callable[[ToolContext, ToolConfirmation], str]
+EditedArgs = Callable[[ToolContext, ToolConfirmation], Mapping[str, Any] | None]
 
 
 class _Paused(Exception):  # noqa: N818 - a signal, not an error: the call waits for a human
@@ -60,6 +98,8 @@ class _Pending:
     started: asyncio.Future[contextvars.Context]
     outcome: asyncio.Future[Any]
     tool_context: ToolContext
+    #: The arguments the core handed the body: the call's, or an approver's edit, which ADK then runs.
+    arguments: dict[str, Any] | None = None
     tokens: list[tuple[contextvars.ContextVar[Any], contextvars.Token[Any]]] = dataclasses.field(default_factory=list)
     scope: tool_call | None = None
 
@@ -69,8 +109,16 @@ class _Pending:
 _running: contextvars.ContextVar[_Pending | None] = contextvars.ContextVar("replaysafe_adk_running", default=None)
 
 
-async def _wait_for_adk(arguments: Mapping[str, Any], pending: _Pending) -> Any:
-    """The body the core protects for a tool: it runs while ADK runs the tool, and returns ADK's response."""
+#: The call the plugin is claiming, for the body below (the tool's arguments are the body's, so that an approver's
+#: edit, the complete arguments by the tool's parameter names, binds to them).
+_claiming: contextvars.ContextVar[_Pending] = contextvars.ContextVar("replaysafe_adk_claiming")
+
+
+async def _wait_for_adk(**arguments: Any) -> Any:
+    """The body the core protects for a tool: it runs while ADK runs the tool, and returns ADK's response. It is
+    handed the arguments the call runs with: the call's, or an approver's edit."""
+    pending = _claiming.get()
+    pending.arguments = dict(arguments)
     pending.started.set_result(contextvars.copy_context())
     return await pending.outcome
 
@@ -94,6 +142,31 @@ def message_id(tool_context: ToolContext) -> str | None:
 def call_key(tool_context: ToolContext) -> CallKey:
     """``(session id, model event id, function call id)``; an id that cannot be found is ``""``."""
     return CallKey(tool_context.session.id or "", message_id(tool_context) or "", tool_context.function_call_id or "")
+
+
+def confirmation_answer(tool_context: ToolContext) -> tuple[str, str, float] | None:
+    """The user's latest answer to ADK's request to confirm this call: ``(id of the user's event holding it, id of
+    the answered confirmation request, when it was given)``, or ``None`` if the session holds none.
+
+    ADK re-runs a confirmed call from that answer, on every resume of the invocation until the call has a
+    response: the plugin records each answer once, under that identity."""
+    call_id = tool_context.function_call_id
+    if not call_id:
+        return None
+    events = tool_context.session.events
+    requests = set()
+    for event in events:
+        for call in event.get_function_calls():
+            original = (call.args or {}).get("originalFunctionCall") if call.name == REQUEST_CONFIRMATION else None
+            if call.id and isinstance(original, dict) and original.get("id") == call_id:
+                requests.add(call.id)
+    for event in reversed(events):
+        if event.author != "user":
+            continue
+        for response in event.get_function_responses():
+            if response.name == REQUEST_CONFIRMATION and response.id in requests and event.id:
+                return event.id, response.id, event.timestamp
+    return None
 
 
 def _decorated(tool: BaseTool) -> bool:
@@ -130,6 +203,13 @@ class ReplaySafePlugin(BasePlugin):
     under ``in_doubt="raise"``, a mismatch) ends the run with that ``RuntimeError``, whose ``__cause__`` is
     replaysafe's error (:func:`replaysafe_error` finds it). It never reaches the model.
 
+    ADK's confirmations are recorded as approvals bound to the call (docs/integrations/adk.md, "Approvals"):
+    ``approver`` names who decided (a str, or a function of the call's ``ToolContext`` and the
+    ``ToolConfirmation``; ``"adk"`` by default), ``approval_expires_in`` how long an answer lets the call run
+    (seconds or a ``timedelta`` from the answer; 15 minutes by default), and ``edited_args``, for an application
+    whose confirmation lets the human edit the call, where the answer holds the edit (a function of the same two,
+    returning the complete arguments by parameter name, or ``None``): ADK's answer holds no edit of its own.
+
     List it first in ``plugins=[...]``: ADK stops at the first plugin whose callback returns a value, so a plugin
     before it that answers a call, replaces its response or handles its error would keep it from recording the call.
     """
@@ -140,11 +220,27 @@ class ReplaySafePlugin(BasePlugin):
         *,
         name: str = "replaysafe",
         pauses: Sequence[type[BaseException]] = (),
+        approver: str | Approver = APPROVER,
+        approval_expires_in: float | timedelta = APPROVAL_EXPIRES_IN,
+        edited_args: EditedArgs | None = None,
         **options: Any,
     ) -> None:
         super().__init__(name=name)
         self.ledger = ledger
         self.options = dict(options)
+        self.approver = approver
+        self.approval_expires_in = (
+            approval_expires_in.total_seconds()
+            if isinstance(approval_expires_in, timedelta)
+            else float(approval_expires_in)
+        )
+        if not self.approval_expires_in > 0:
+            raise ValueError("approval_expires_in= must be positive: an approval always expires")
+        self.edited_args = edited_args
+        # Records one answer of ADK's confirmation in the ledger, once: a protected call of its own, keyed by the
+        # answer (session, the user's event, the answered request), so a resume that hands ADK's call the same
+        # answer again finds it recorded and does not approve again what an attempt already spent.
+        self._record_answer = replay_safe(name=REQUEST_CONFIRMATION, exclude_args=("by",))(self._decide)
         self._pauses: tuple[type[BaseException], ...] = (_Paused, *pauses)
         # One protected function per tool name: the core's "once per tool" warnings are per function.
         self._protected: dict[str, Callable[..., Coroutine[Any, Any, Any]]] = {}
@@ -157,15 +253,84 @@ class ReplaySafePlugin(BasePlugin):
     def _protect(self, tool_name: str) -> Callable[..., Coroutine[Any, Any, Any]]:
         protected = self._protected.get(tool_name)
         if protected is None:
-            protected = replay_safe(name=tool_name, exclude_args=("pending",), **self.options)(_wait_for_adk)
+            protected = replay_safe(name=tool_name, **self.options)(_wait_for_adk)
             self._protected[tool_name] = protected
         return protected
+
+    async def _decide(
+        self, call: list[str], decision: str, by: str, edit: dict[str, Any] | None, answered_at: float
+    ) -> str:
+        """Record the human's decision in the paused call's record: what the call then runs on, once."""
+        key = CallKey(*call)
+        try:
+            if decision == "rejected":
+                await approvals.areject(key, by=by, reason=REJECTED_REASON, ledger=self.ledger)
+                return decision
+            # The approval lives from when the human answered, however late the answer is recorded.
+            left = self.approval_expires_in - max(0.0, platform_time.get_time() - answered_at)
+            if left <= 0:
+                return "expired"  # too old to approve anything: the call asks for a new decision
+            await approvals.aapprove(key, by=by, expires_in=left, args=edit, ledger=self.ledger)
+        except LookupError:
+            return "unrecorded"  # no record of the call waits (the plugin came later): ADK's answer stands
+        except ValueError:
+            return "unrecorded"  # the call is not paused (it ran, or runs): the claim settles it
+        return decision
+
+    def _answers_recorded(self, key: CallKey) -> bool:
+        """Whether the plugin records ADK's confirmations of this call as approvals: keyed by ADK's ids (a call
+        keyed by its arguments or a business key is not one the approval can name before it runs)."""
+        return all(key) and "key" not in self.options
+
+    async def _take_answer(
+        self, tool: BaseTool, tool_args: dict[str, Any], tool_context: ToolContext, key: CallKey
+    ) -> dict[str, Any] | bool | None:
+        """ADK's confirmation of the call, as the ledger's: ``True`` when the call waits for a human (ADK's gate
+        is about to ask: nothing is claimed), a response (a rejected call: ADK's own denial), else ``None``."""
+        confirmation = tool_context.tool_confirmation
+        gated = await tool.check_require_confirmation(tool_args, tool_context) is True
+        if confirmation is None:
+            if not gated:
+                return None  # no confirmation asked before the tool runs (a tool that asks itself pauses)
+            guarded = cast("FunctionTool", tool).func if _decorated(tool) else self._protect(tool.name)
+            try:
+                await approvals.arequest(key, tool=guarded, args=tool_args, ledger=self.ledger)
+            except (ValueError, TypeError):
+                return None  # it ran already (the claim replays it), or its arguments do not bind
+            return True
+        if not confirmation.confirmed and not gated:
+            return None  # the tool asked itself: ADK runs it with the rejection, for its own code to handle
+        answer = confirmation_answer(tool_context)
+        if answer is None:
+            return None
+        event_id, request_id, answered_at = answer
+        decision = "approved" if confirmation.confirmed else "rejected"
+        by = self.approver if isinstance(self.approver, str) else self.approver(tool_context, confirmation)
+        edit = None
+        if decision == "approved" and self.edited_args is not None:
+            edited = self.edited_args(tool_context, confirmation)
+            edit = None if edited is None else dict(edited)
+        with tool_call(key.thread_id, event_id, request_id, ledger=self.ledger):
+            recorded = await self._record_answer(list(key), decision, by, edit, answered_at)
+        if recorded == "rejected":
+            return dict(REJECTED_RESPONSE)
+        return None
 
     async def before_tool_callback(
         self, *, tool: BaseTool, tool_args: dict[str, Any], tool_context: ToolContext
     ) -> dict[str, Any] | None:
-        """Claim the call: its recorded response if it finished (ADK then skips the tool), else ``None``."""
+        """Claim the call: its recorded response if it finished (ADK then skips the tool), else ``None``.
+
+        A call ADK asks a human to confirm first (``require_confirmation``) is kept paused for that decision
+        instead, without a claim; the human's answer, when ADK hands it to the call, is recorded as a decision
+        bound to the call (``replaysafe.approvals``), which the claim checks and spends."""
         key = call_key(tool_context)
+        if self._answers_recorded(key):
+            answered = await self._take_answer(tool, tool_args, tool_context, key)
+            if answered is True:
+                return None  # ADK's gate asks the human; the call is not claimed until the answer
+            if isinstance(answered, dict):
+                return answered
         loop = asyncio.get_running_loop()
         pending = _Pending(None, loop.create_future(), loop.create_future(), tool_context)
         if _decorated(tool):
@@ -176,15 +341,20 @@ class ReplaySafePlugin(BasePlugin):
         protected, scope = self._protect(tool.name), self._scope(key)
 
         async def claim() -> Any:
+            _claiming.set(pending)
             with scope:
-                return await protected(dict(tool_args), pending)
+                return await protected(**tool_args)
 
         task = pending.task = asyncio.ensure_future(claim())
         await asyncio.wait({task, pending.started}, return_when=asyncio.FIRST_COMPLETED)
         if not pending.started.done():  # answered without running: a record, or a refusal (raised here)
             pending.started.cancel()
             return _replayed(tool, task.result())
-        # The claim is held and the body waits: the tool runs in this context, as the body's.
+        # The claim is held and the body waits: the tool runs in this context, as the body's, with the arguments
+        # the core ran it with (ADK hands the tool this very dict): an approver's edit replaces the model's.
+        if pending.arguments is not None and pending.arguments != tool_args:
+            tool_args.clear()
+            tool_args.update(pending.arguments)
         running = pending.started.result()
         current = contextvars.copy_context()
         for var, value in running.items():
