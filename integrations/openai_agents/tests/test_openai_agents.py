@@ -35,6 +35,7 @@ from replaysafe import (
     SqliteLedger,
     Status,
     UnprotectedCallWarning,
+    approvals,
     replay_safe,
 )
 from replaysafe_openai_agents import context_field, group_id, replay_safe_agent
@@ -87,7 +88,11 @@ def test_resuming_the_same_run_state_twice_runs_each_approved_tool_once(
 def test_sigkill_in_second_tool_then_resume_from_run_state_runs_the_first_tool_once(
     variant: Variant, tmp_path: Path, ledger_path: Path, effects_path: Path
 ) -> None:
-    """A process resuming the RunState is killed inside send_email; a new process resumes it again."""
+    """A process resuming the RunState is killed inside send_email; a new process resumes it again.
+
+    The refund replays. The email ran on its approval and may have taken effect: the resume asks for a new
+    decision instead of running it (README: Approvals); approved again with replaysafe, it runs once more.
+    """
     state = tmp_path / "state.json"
     start(state, ledger_path, effects_path, variant)
 
@@ -95,6 +100,15 @@ def test_sigkill_in_second_tool_then_resume_from_run_state_runs_the_first_tool_o
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     assert effects(effects_path) == [REFUND, EMAIL]
 
+    asked = run_child("resume", state, ledger_path, effects_path, variant)
+    assert asked.returncode == 1
+    assert "ApprovalRequiredError" in asked.stderr
+    assert "may have happened" in asked.stderr
+    assert effects(effects_path) == [REFUND, EMAIL]  # neither ran again
+
+    email = CallKey(THREAD, "fc_1_2", "call_2")
+    with SqliteLedger(ledger_path) as ledger:
+        approvals.approve(email, by="ana@example.com", ledger=ledger)
     resumed = run_child("resume", state, ledger_path, effects_path, variant)
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout) == RESUMED
@@ -104,7 +118,6 @@ def test_sigkill_in_second_tool_then_resume_from_run_state_runs_the_first_tool_o
         records = {record.key: record for record in ledger.records()}
     assert set(records) == KEYS
     assert all(record.status is Status.COMPLETED for record in records.values())
-    assert records[CallKey(THREAD, "fc_1_2", "call_2")].attempt == 2
     prefix = "decorated_" if variant == "decorated" else ""
     assert records[CallKey(THREAD, "fc_1_1", "call_1")].tool_name == f"{prefix}refund_order"
 

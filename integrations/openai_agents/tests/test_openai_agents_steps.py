@@ -18,7 +18,7 @@ from agents import Agent, FunctionTool, Runner, RunState, function_tool
 from agents.items import ToolCallOutputItem
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
-from replaysafe import SqliteLedger, replay_safe
+from replaysafe import ApprovalRequiredError, CallKey, SqliteLedger, approvals, replay_safe
 from replaysafe.testing import kill_point, run_in_child
 from replaysafe_openai_agents import context_field, replay_safe_agent
 
@@ -92,14 +92,18 @@ async def start(state: str, ledger_path: str, effects: str, variant: str) -> int
 
 
 async def approve(state: str, ledger_path: str, effects: str, variant: str) -> dict[str, Any]:
-    """Load the stored RunState in this process, approve the refund, run to the end."""
+    """Load the stored RunState in this process, approve the refund, run to the end; or report that the
+    refund asks for a new decision (it ran on an approval and may have taken effect)."""
     with SqliteLedger(ledger_path) as ledger:
         agent = build(effects, ledger, variant, [DONE], approval=True)
         stored = await asyncio.to_thread(Path(state).read_text, encoding="utf-8")
         run_state = await RunState.from_json(agent, json.loads(stored))
         for interruption in run_state.get_interruptions():
             run_state.approve(interruption)
-        result = await Runner.run(agent, run_state, run_config=RUN_CONFIG)
+        try:
+            result = await Runner.run(agent, run_state, run_config=RUN_CONFIG)
+        except ApprovalRequiredError as asked:
+            return {"asked": list(asked.key or ()), "may_have_run": asked.may_have_run}
     return {"output": result.final_output, "outputs": outputs(result.new_items)}
 
 
@@ -126,13 +130,20 @@ def test_an_approved_tool_killed_between_two_steps_resumes_with_the_first_step_r
 ) -> None:
     """Approval pause, then a process approving it is SIGKILLed after the charge step; a new one approves again.
 
-    The stored RunState is resumed twice: the second time the charge step replays, notify runs once.
+    The refund ran on its approval and may have taken effect: the resume asks for a new decision (README:
+    Approvals). Decided again with replaysafe, the stored RunState is resumed: the charge step replays, notify
+    runs once.
     """
     assert run_in_child(start, *files.values(), variant).value == 1
     assert lines(files["effects"]) == []
     crashed = run_in_child(approve, *files.values(), variant, kill_at="between-steps")
     assert crashed.killed
     assert lines(files["effects"]) == ["charge A1"]
+    if variant != "unprotected":
+        asked = run_in_child(approve, *files.values(), variant)
+        assert asked.value == {"asked": [THREAD, "fc_1", "call_1"], "may_have_run": True}
+        with SqliteLedger(files["ledger_path"]) as ledger:
+            approvals.approve(CallKey(THREAD, "fc_1", "call_1"), by="ana@example.com", ledger=ledger)
     resumed = run_in_child(approve, *files.values(), variant)
     assert resumed.value == {"output": "done", "outputs": {"call_1": "ch_A1 notified"}}
     assert lines(files["effects"]) == ["charge A1"] * charges + ["notify A1"]

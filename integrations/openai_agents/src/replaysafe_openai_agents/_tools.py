@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -13,7 +15,18 @@ from agents.models.fake_id import FAKE_RESPONSES_ID
 from agents.tool import _FailureHandlingFunctionToolInvoker
 from agents.tool_context import ToolContext
 
-from replaysafe import CONTROL_ERRORS, CallKey, Ledger, ReplaySafeError, is_replay_safe, replay_safe, tool_call
+from replaysafe import (
+    CONTROL_ERRORS,
+    ApprovalRejectedError,
+    CallKey,
+    Ledger,
+    ReplaySafeError,
+    is_replay_safe,
+    replay_safe,
+    tool_call,
+)
+
+from ._approvals import SDK_APPROVER, ApprovalHooks, Approver, Approving, refusal_message
 
 TContext = TypeVar("TContext")
 Invoker = Callable[[ToolContext[Any], str], Awaitable[Any]]
@@ -158,6 +171,8 @@ def replay_safe_tool(
     *,
     thread_id: ThreadId,
     pauses: Sequence[type[BaseException]] = (),
+    approver: Approver = SDK_APPROVER,
+    approval_expires_in: float = 900,
     **options: Any,
 ) -> FunctionTool:
     """A copy of ``tool`` whose calls run at most once per ``(thread, model output, call id)``.
@@ -170,9 +185,37 @@ def replay_safe_tool(
     message for the model and a replay runs the tool again. replaysafe's own ``CONTROL_ERRORS``
     (a call in doubt under ``in_doubt="raise"``, a mismatch...) are never turned into a message:
     they end the run.
+
+    A tool that needs approval (``needs_approval``) has the SDK's approval of each call recorded as a
+    bound replaysafe approval, by ``approver`` (a name, or a function of the ``ToolContext``), valid for
+    ``approval_expires_in`` seconds, and spent by the claim that runs the call (README: Approvals).
+    :func:`replay_safe_agent` also records the request when the model asks, and the SDK's rejections.
     """
+    return _wrap(tool, ledger, thread_id, tuple(pauses), approver, approval_expires_in, options)[0]
+
+
+def _wrap(
+    tool: FunctionTool,
+    ledger: Ledger | None,
+    thread_id: ThreadId,
+    pauses: tuple[type[BaseException], ...],
+    approver: Approver,
+    expires_in: float,
+    options: Mapping[str, Any],
+) -> tuple[FunctionTool, Approving | None]:
     decorated = _is_replay_safe(tool)
-    settings = (ledger, thread_id, tuple(pauses), decorated, tool.name, options)
+    # Decorated once per tool, not per call: its once-per-tool warnings (missing ids, no ledger) stay once.
+    protected = None if decorated else replay_safe(name=tool.name, exclude_args=("ctx", "invoke"), **options)(_execute)
+    approving = None
+    # A tool keyed by its arguments or a business key is claimed under a key of its own, which the core derives
+    # and does not hand out: its approvals are left to the SDK (README: Approvals, limits).
+    if tool.needs_approval is not False and options.get("key", "call") == "call":
+        target: Callable[..., Any] = tool.__wrapped__ if protected is None else protected
+        args_of = _decorated_args(target) if protected is None else _wrapped_args
+        approving = Approving(
+            tool, ledger, functools.partial(call_key, thread_id=thread_id), target, args_of, approver, expires_in
+        )
+    settings = (ledger, thread_id, pauses, protected, approving)
     invoker = tool.on_invoke_tool
     if isinstance(invoker, _FailureHandlingFunctionToolInvoker):
         # Protect what runs inside the SDK's failure handler, so errors are not recorded as outputs.
@@ -180,8 +223,33 @@ def replay_safe_tool(
         for marker, value in vars(invoker).items():
             if marker.startswith("__agents_"):  # e.g. the sync-tool marker
                 setattr(handler, marker, value)
-        return dataclasses.replace(tool, on_invoke_tool=handler)
-    return dataclasses.replace(tool, on_invoke_tool=_protect(invoker, *settings))
+        return dataclasses.replace(tool, on_invoke_tool=handler), approving
+    return dataclasses.replace(tool, on_invoke_tool=_protect(invoker, *settings)), approving
+
+
+def _wrapped_args(arguments: str) -> Mapping[str, Any]:
+    """The arguments of ``_execute`` by name, for the digest of an undecorated tool's call (its raw JSON)."""
+    return {"ctx": None, "arguments": arguments, "invoke": None}
+
+
+def _decorated_args(function: Callable[..., Any]) -> Callable[[str], Mapping[str, Any]]:
+    """The arguments of a ``@replay_safe`` tool function by name, from the call's JSON arguments; a parameter
+    the JSON does not hold (the ``ToolContext``, left out of its digest) is given as ``None``."""
+    parameters = inspect.signature(function).parameters
+
+    def args_of(arguments: str) -> Mapping[str, Any]:
+        try:
+            parsed = json.loads(arguments or "{}")
+        except ValueError:
+            parsed = {}
+        given = dict(parsed) if isinstance(parsed, dict) else {}
+        for name, parameter in parameters.items():
+            plain = parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+            if plain and name not in given and parameter.default is parameter.empty:
+                given[name] = None
+        return given
+
+    return args_of
 
 
 def _protect(
@@ -189,22 +257,22 @@ def _protect(
     ledger: Ledger | None,
     thread_id: ThreadId,
     pauses: tuple[type[BaseException], ...],
-    decorated: bool,
-    tool_name: str,
-    options: Mapping[str, Any],
+    protected: Callable[..., Awaitable[Any]] | None,
+    approving: Approving | None,
 ) -> Invoker:
-    # Decorated once per tool, not per call: its once-per-tool warnings (missing ids, no ledger) stay once.
-    protected = None if decorated else replay_safe(name=tool_name, exclude_args=("ctx", "invoke"), **options)(_execute)
-
     @functools.wraps(invoke)  # keeps the SDK's markers (argument preparation, wrapped callable)
     async def invoke_once(ctx: ToolContext[Any], arguments: str) -> Any:
         try:
+            if approving is not None:
+                await approving.approved(ctx, arguments)
             async with tool_call(
                 *call_key(ctx, thread_id), ledger=ledger, pauses=pauses, missing_ids_fix=MISSING_IDS_FIX
             ):
                 if protected is None:
                     return await invoke(ctx, arguments)
                 return await protected(ctx, arguments, invoke)
+        except ApprovalRejectedError as rejected:
+            return refusal_message(rejected)  # a rejected call: the model is told, as the SDK tells it
         except CONTROL_ERRORS as error:
             _surfacing(error)
             raise
@@ -218,17 +286,27 @@ def replay_safe_agent(
     *,
     thread_id: ThreadId,
     pauses: Sequence[type[BaseException]] = (),
+    approver: Approver = SDK_APPROVER,
+    approval_expires_in: float = 900,
     **options: Any,
 ) -> Agent[TContext]:
     """A copy of ``agent`` with every ``FunctionTool`` wrapped by :func:`replay_safe_tool`.
 
     Handoff targets are other agents: wrap them too. Hosted tools (web search, …) run at the
-    provider and are left as they are.
+    provider and are left as they are. When a tool needs approval, the copy's hooks (the agent's own,
+    plus the adapter's) record the request as the model asks for a call, and the SDK's rejections.
     """
-    tools = [
-        replay_safe_tool(tool, ledger, thread_id=thread_id, pauses=pauses, **options)
-        if isinstance(tool, FunctionTool)
-        else tool
-        for tool in agent.tools
-    ]
-    return agent.clone(tools=tools)
+    tools: list[Any] = []
+    approving: dict[str, Approving] = {}
+    for tool in agent.tools:
+        if not isinstance(tool, FunctionTool):
+            tools.append(tool)
+            continue
+        wrapped, asks = _wrap(tool, ledger, thread_id, tuple(pauses), approver, approval_expires_in, options)
+        tools.append(wrapped)
+        if asks is not None:
+            approving[tool.name] = asks
+    if not approving:
+        return agent.clone(tools=tools)
+    inner = agent.hooks.inner if isinstance(agent.hooks, ApprovalHooks) else agent.hooks
+    return agent.clone(tools=tools, hooks=ApprovalHooks(inner, approving))
