@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from langchain_core.messages import ToolMessage
@@ -13,20 +15,37 @@ from langgraph.prebuilt import ToolNode
 
 # ToolNode's own reading of its handle_tool_errors setting: tool_error_handler(flag) keeps its meaning.
 from langgraph.prebuilt.tool_node import ToolCallRequest, _handle_tool_error, _infer_handled_types
-from langgraph.types import Command
+from langgraph.types import Command, interrupt
 
 from replaysafe import (
     CONTROL_ERRORS,
+    ApprovalMismatchError,
+    ApprovalRejectedError,
     CallKey,
     InDoubt,
     Ledger,
     Serializer,
+    approvals,
     is_replay_safe,
     register_pause,
     replay_safe,
     tool_call,
 )
 
+from ._approvals import (
+    ASK_AGAIN,
+    DEFAULT_APPROVER,
+    DEFAULT_EXPIRES_IN,
+    NO_REASON,
+    REFUSALS,
+    Answer,
+    Approver,
+    answer_of,
+    approval_request,
+    approver_of,
+    rejection,
+    reviewed,
+)
 from ._keys import MessageIdFallback, call_key
 from ._serializer import MessageSerializer
 
@@ -74,6 +93,8 @@ class InterceptorOptions(TypedDict, total=False):
     lease: float | None
     wait_timeout: float | None
     serializer: Serializer | None
+    approver: Approver
+    approval_expires_in: float | timedelta
 
 
 class _ToolFailedError(Exception):
@@ -144,9 +165,17 @@ class ReplaySafeInterceptor:
         lease: float | None = None,
         wait_timeout: float | None = None,
         serializer: Serializer | None = None,
+        approver: Approver = DEFAULT_APPROVER,
+        approval_expires_in: float | timedelta = DEFAULT_EXPIRES_IN,
     ) -> None:
-        """``ledger=None`` uses replaysafe's default ledger; ``None`` options keep replaysafe's defaults."""
+        """``ledger=None`` uses replaysafe's default ledger; ``None`` options keep replaysafe's defaults.
+
+        ``approver`` (a name, or a function of the run's config) and ``approval_expires_in`` apply to the
+        decisions the human gives when the adapter asks again for a call refused for want of a valid approval
+        (see ``ReplaySafeHumanInTheLoopMiddleware``)."""
         self.ledger = ledger
+        self.approver = approver
+        self.approval_expires_in = approval_expires_in
         self.messages_key = messages_key
         self.fallback_message_id = fallback_message_id
         self.timeout = timeout
@@ -196,13 +225,29 @@ class ReplaySafeInterceptor:
                 "replay_safe_tool_node() and ReplaySafeMiddleware do."
             )
         with self._scope(request):
-            if _decorated(tool, asynchronous=False):
-                return execute(request)
-            try:
-                result = self._protected(tool.name)(request.tool_call["args"], request, execute)
-            except _ToolFailedError as failed:
-                return failed.message
-            return _as_result(result, request)
+            protect = not _decorated(tool, asynchronous=False) or reviewed()
+            while True:
+                try:
+                    if not protect:
+                        return execute(request)
+                    token = _RUNNING.set((request, execute))
+                    try:
+                        result = self._protected(tool.name)(request.tool_call["args"], request, execute)
+                    finally:
+                        _RUNNING.reset(token)
+                except _ToolFailedError as failed:
+                    return failed.message
+                except REFUSALS as refused:
+                    answered = self._ask_again(request, refused)
+                    if isinstance(answered, ToolMessage):
+                        return answered
+                    approved = self._decide(request, answered, refused, protect)
+                    if answered.kind == "reject":
+                        return rejection(request, answered.reason)
+                    if approved is not None:  # asked with what was approved: the call runs it
+                        request = request.override(tool_call={**request.tool_call, "args": approved})
+                    continue
+                return _as_result(result, request)
 
     async def awrap(self, request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
         """The async interceptor (``ToolNode(awrap_tool_call=...)``)."""
@@ -210,19 +255,88 @@ class ReplaySafeInterceptor:
         if tool is None:
             return await execute(request)
         async with self._scope(request):
-            if _decorated(tool, asynchronous=True):
-                return await execute(request)
-            try:
-                result = await self._aprotected(tool.name)(request.tool_call["args"], request, execute)
-            except _ToolFailedError as failed:
-                return failed.message
-            return _as_result(result, request)
+            protect = not _decorated(tool, asynchronous=True) or reviewed()
+            while True:
+                try:
+                    if not protect:
+                        return await execute(request)
+                    token = _RUNNING.set((request, execute))
+                    try:
+                        result = await self._aprotected(tool.name)(request.tool_call["args"], request, execute)
+                    finally:
+                        _RUNNING.reset(token)
+                except _ToolFailedError as failed:
+                    return failed.message
+                except REFUSALS as refused:
+                    answered = self._ask_again(request, refused)
+                    if isinstance(answered, ToolMessage):
+                        return answered
+                    approved = await self._adecide(request, answered, refused, protect)
+                    if answered.kind == "reject":
+                        return rejection(request, answered.reason)
+                    if approved is not None:  # asked with what was approved: the call runs it
+                        request = request.override(tool_call={**request.tool_call, "args": approved})
+                    continue
+                return _as_result(result, request)
+
+    # --- approvals: a call refused for want of a valid approval asks its human again -------------------
+
+    def _ask_again(self, request: ToolCallRequest, refused: BaseException) -> Answer | ToolMessage:
+        """A rejected call answers the model as ``HumanInTheLoopMiddleware`` does; any other refusal asks the
+        human again with ``interrupt()`` (the graph pauses; ``Command(resume=<decision>)`` answers)."""
+        if isinstance(refused, ApprovalRejectedError):
+            return rejection(request, refused.reason)
+        if not isinstance(refused, ASK_AGAIN):  # pragma: no cover - REFUSALS is both
+            raise refused
+        return answer_of(interrupt(approval_request(request, refused)), request)
+
+    def _decision(
+        self, request: ToolCallRequest, answer: Answer, refused: BaseException, protect: bool
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """``approvals.approve`` / ``reject`` keywords for the human's answer, bound to what the human was shown,
+        and the arguments the call is then asked with (``None``: its own)."""
+        by = approver_of(self.approver)
+        if answer.kind == "reject":
+            return {"by": by, "reason": answer.reason or NO_REASON, "ledger": self.ledger}, None
+        args = answer.args
+        if args is None and isinstance(refused, ApprovalMismatchError):
+            args = dict(request.tool_call["args"])  # the arguments the human was shown, not the record's
+        edit = None if args is None else ({"args": args} if protect else args)
+        return {"by": by, "expires_in": self.approval_expires_in, "args": edit, "ledger": self.ledger}, args
+
+    def _decide(
+        self, request: ToolCallRequest, answer: Answer, refused: BaseException, protect: bool
+    ) -> dict[str, Any] | None:
+        decided, args = self._decision(request, answer, refused, protect)
+        key = self.key(request)
+        if answer.kind == "reject":
+            approvals.reject(key, **decided)
+        else:
+            approvals.approve(key, **decided)
+        return args
+
+    async def _adecide(
+        self, request: ToolCallRequest, answer: Answer, refused: BaseException, protect: bool
+    ) -> dict[str, Any] | None:
+        decided, args = self._decision(request, answer, refused, protect)
+        key = self.key(request)
+        if answer.kind == "reject":
+            await approvals.areject(key, **decided)
+        else:
+            await approvals.aapprove(key, **decided)
+        return args
+
+    def digest_tool(self, name: str) -> Callable[..., Any]:
+        """The ``@replay_safe`` protection the interceptor gives the tool ``name``: what an approval of one of
+        its calls is recorded for (``approvals.request(key, tool=..., args={"args": <the call's args>})``)."""
+        return self._protected(name)
 
     def _protected(self, name: str) -> Callable[..., ToolResult]:
         protected = self._sync.get(name)
         if protected is None:
 
-            def run(args: dict[str, Any], request: ToolCallRequest, execute: Execute) -> ToolResult:
+            def run(args: dict[str, Any], request: ToolCallRequest | None = None, execute: Any = None) -> ToolResult:
+                request, execute = _running(args, request, execute)
                 return _unless_failed(execute(request))
 
             protected = self._sync.setdefault(name, replay_safe(name=name, **self._options)(run))
@@ -232,7 +346,10 @@ class ReplaySafeInterceptor:
         protected = self._async.get(name)
         if protected is None:
 
-            async def run(args: dict[str, Any], request: ToolCallRequest, execute: AsyncExecute) -> ToolResult:
+            async def run(
+                args: dict[str, Any], request: ToolCallRequest | None = None, execute: Any = None
+            ) -> ToolResult:
+                request, execute = _running(args, request, execute)
                 return _unless_failed(await execute(request))
 
             protected = self._async.setdefault(name, replay_safe(name=name, **self._options)(run))
@@ -273,6 +390,22 @@ def replay_safe_tool_node(
         awrap_tool_call=interceptor.awrap,
         **errors,
     )
+
+
+# The request and executor of the call the interceptor is running: an approver's edit is handed to the
+# protected function as its complete arguments (``args`` alone), and it runs the request with them.
+_RUNNING: ContextVar[tuple[ToolCallRequest, Any] | None] = ContextVar("replaysafe_langgraph_running", default=None)
+
+
+def _running(args: dict[str, Any], request: ToolCallRequest | None, execute: Any) -> tuple[ToolCallRequest, Any]:
+    if request is None or execute is None:
+        held = _RUNNING.get()
+        if held is None:
+            raise RuntimeError("replaysafe_langgraph: a protected tool call ran outside its interceptor")
+        request, execute = held
+    if args != request.tool_call["args"]:  # an approved edit: run it, not the model's arguments
+        request = request.override(tool_call={**request.tool_call, "args": dict(args)})
+    return request, execute
 
 
 def _unless_failed(result: ToolResult) -> ToolResult:
