@@ -7,6 +7,6 @@ tool_call_id)``; see :func:`call_key`.
 
 from __future__ import annotations
 
-from ._capability import PAUSES, ReplaySafe, call_key, message_id
+from ._capability import APPROVER, PAUSES, ReplaySafe, call_key, message_id
 
-__all__ = ["PAUSES", "ReplaySafe", "call_key", "message_id"]
+__all__ = ["APPROVER", "PAUSES", "ReplaySafe", "call_key", "message_id"]
