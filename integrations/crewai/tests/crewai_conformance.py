@@ -57,6 +57,11 @@ def build_crew(run: AgentRun, thread_id: str) -> Crew:
 class CrewAIDriver:
     """Builds the crew of ``run`` inside a persisted Flow and runs it to the script's end."""
 
+    #: CrewAI hands a tool's exception to the model as a message ("Error executing tool: ...") and the task goes
+    #: on; a failure recorded under ``record_errors`` replays as ``RecordedToolError``, which takes the same path.
+    #: Approvals are not driven: CrewAI asks its human about a task's answer (``human_input``), not before a tool.
+    offers = frozenset({"tool_errors"})
+
     def run(self, run: AgentRun) -> None:
         @persist(SQLiteFlowPersistence(str(run.folder / "flows.db")))
         class SupportFlow(Flow[SupportState]):

@@ -64,6 +64,11 @@ def save(path: Path, ctx: Context) -> None:
 class LlamaIndexDriver:
     """Builds the agent of ``run`` and runs it to the script's end, resuming the saved ``Context``."""
 
+    #: LlamaIndex's ``call_tool`` answers a tool's exception with an error ``ToolOutput`` the model reads, and
+    #: the run goes on (the adapter hands a recorded failure back the same way). Approvals are not driven: a
+    #: FunctionAgent has no approval flow of its own (an app pauses a tool with ``ctx.wait_for_event``).
+    offers = frozenset({"tool_errors"})
+
     #: A run resumed from its saved Context never asks the model again for an answer it had planned calls from.
     not_applicable: ClassVar[dict[str, str]] = {
         "replan_args": (

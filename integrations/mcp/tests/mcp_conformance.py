@@ -38,6 +38,10 @@ def server(run: AgentRun) -> MCPServer:
 
 
 class McpClientDriver:
+    #: ``tool_errors``: the MCP server answers a tool's exception with an ``isError`` result, which the session
+    #: returns (recorded under ``record_errors``, replayed as it came) and the loop hands over. Approvals are not
+    #: driven: MCP's client side has no approval flow of its own to hold a call back for its human.
+    offers = frozenset({"tool_errors"})
     not_applicable: ClassVar[dict[str, str]] = {
         "steps": "a tool's steps run in the MCP server, in the server's process, under the server's own call "
         "(ReplaySafeMiddleware's, keyed by the idempotency key the client sends), never under the client's "
@@ -59,9 +63,8 @@ class McpClientDriver:
                 results = await play_turn(session, run.script, turn, thread_id=run.thread_id, boot=run.boot)
                 if isinstance(results, str):
                     return
-                failed = [result for result in results if result.is_error]
-                if failed:
-                    raise RuntimeError(f"a tool failed: {failed[0].content}")
+                # An ``isError`` result (the server's answer to a tool that raised) is handed to the model as the
+                # tool's answer, as an MCP host does, and the loop goes on: ``tool_errors``.
                 turn += 1
                 path.write_text(json.dumps(turn))
 

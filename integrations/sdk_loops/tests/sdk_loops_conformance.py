@@ -7,6 +7,18 @@ control runs them plain), append the response and the results to the conversatio
 model answers with text. The conversation is one JSON file in the run's folder; a run finds it there and
 continues: a response saved with its results pending is processed again, as the README asks.
 
+A tool's error is the loop's to answer (``run_tool_calls`` lets it propagate): the loop protects each tool
+itself, ``@replay_safe`` with the run's options (the helpers leave a decorated tool to its own protection),
+and wraps it outside that protection so that an exception (the tool's own, or its failure recorded under
+``record_errors`` and replayed as ``RecordedToolError``) becomes the call's result, ``{"error": ...}``, for
+the model; replaysafe's own refusals (``CONTROL_ERRORS``) still end the run. The wrapper is outside the
+protection: a failure answered inside it would be recorded as the call's result (docs/adapters.md, section 7).
+
+Approvals: before running a response's calls whose tool ``needs_approval``, the loop asks its human, keeps the
+answers in a file in the run's folder (written before any tool runs) and records each as an approval bound to
+the call (``replaysafe.approvals.request`` and ``approve``); a call nobody answers, or one asked again for a
+new decision (``ApprovalRequiredError``), ends the run waiting.
+
 ``save_response=False`` is a loop that saves the conversation only once a turn's tools have run: a crash
 mid-turn loses the response and its resume asks the model again, which answers with new ids. That is the
 re-plan of ``replan_args`` (``key="args"``), which a loop that saves the response first cannot have.
@@ -17,12 +29,14 @@ The kit imports this module by name in its child processes, which get the test p
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from replaysafe import CONTROL_ERRORS, ApprovalRequiredError, RecordedToolError, approvals, replay_safe
 from replaysafe.testing.conformance import AgentRun
 
 if TYPE_CHECKING:  # each run imports only the SDK of its style: a child process pays for one
@@ -86,9 +100,35 @@ def as_text(result: Any) -> str:
     return result if isinstance(result, str) else json.dumps(result)
 
 
+def error_answer(error: Exception) -> dict[str, str]:
+    """What the model reads of a tool's error: the same for the failure and for its recorded replay."""
+    if isinstance(error, RecordedToolError):
+        return {"error": f"{error.error_type}: {error.error_message}"}
+    return {"error": f"{type(error).__name__}: {error}"}
+
+
+def answering_errors(tool: Callable[..., Any]) -> Callable[..., Any]:
+    """``tool`` (``@replay_safe``: the helpers see it through ``functools.wraps``) with its errors as its answer;
+    replaysafe's own refusals propagate and end the run."""
+
+    @functools.wraps(tool)
+    def answering(**arguments: Any) -> Any:
+        try:
+            return tool(**arguments)
+        except CONTROL_ERRORS:
+            raise
+        except Exception as error:
+            return error_answer(error)
+
+    return answering
+
+
 def plain_results(style: Style, answer: Any, tools: Mapping[str, Callable[..., Any]]) -> list[dict[str, Any]]:
     """The control: each call run as the loop would without the adapter, its result in the SDK's shape."""
-    done = [(call_id, as_text(tools[name](**arguments))) for call_id, name, arguments in calls(style, answer)]
+    done = [
+        (call_id, as_text(answering_errors(tools[name])(**arguments)))
+        for call_id, name, arguments in calls(style, answer)
+    ]
     if style == "openai-chat":
         return [{"role": "tool", "tool_call_id": call_id, "content": text} for call_id, text in done]
     if style == "openai-responses":
@@ -106,8 +146,16 @@ def as_input(style: Style, answer: Any) -> list[dict[str, Any]]:
     return [{"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in answer.content]}]
 
 
+class _AwaitingHumanError(Exception):
+    """The run stops here: a tool call waits for its human's answer."""
+
+
 class SdkLoopDriver:
     """A hand-written loop on one SDK style; ``asynchronous`` runs the calls with ``arun_tool_calls``."""
+
+    #: The loop answers a tool's error to the model (``answering_errors``) and asks its human before a tool that
+    #: ``needs_approval`` (``approve``): both are the app's, on top of the helpers.
+    offers = frozenset({"approvals", "tool_errors"})
 
     def __init__(self, style: Style, *, save_response: bool = True, asynchronous: bool = False) -> None:
         self.style: Style = style
@@ -150,16 +198,43 @@ class SdkLoopDriver:
     def results(self, run: AgentRun, answer: Any) -> list[Any]:
         """The answer's tool calls run: through the adapter, or plain (the control)."""
         if not run.protect:
+            self.approve(run, answer, {})
             return plain_results(self.style, answer, run.tools)
         helpers: Any
         if self.style == "anthropic":
             from replaysafe_sdk_loops import anthropic as helpers
         else:
             from replaysafe_sdk_loops import openai as helpers
-        options = {"thread_id": run.thread_id, "ledger": run.ledger, **run.options}
-        if self.asynchronous:
-            return list(asyncio.run(helpers.arun_tool_calls(answer, run.tools, **options)))
-        return list(helpers.run_tool_calls(answer, run.tools, **options))
+        protected = {name: replay_safe(name=name, **run.options)(tool) for name, tool in run.tools.items()}
+        self.approve(run, answer, protected)
+        tools = {name: answering_errors(tool) for name, tool in protected.items()}
+        try:
+            if self.asynchronous:
+                return list(
+                    asyncio.run(helpers.arun_tool_calls(answer, tools, thread_id=run.thread_id, ledger=run.ledger))
+                )
+            return list(helpers.run_tool_calls(answer, tools, thread_id=run.thread_id, ledger=run.ledger))
+        except ApprovalRequiredError:
+            raise _AwaitingHumanError from None  # asked again (in doubt after it ran on its approval): a new decision
+
+    def approve(self, run: AgentRun, answer: Any, protected: Mapping[str, Callable[..., Any]]) -> None:
+        """The loop's approval flow: before a response's calls run, the answer it kept for each call that needs
+        one, else its human's, kept before any tool runs and (with the adapter) recorded as a bound approval."""
+        if not run.options.get("needs_approval"):
+            return
+        path = run.folder / "approvals.json"
+        answered: list[str] = json.loads(path.read_text()) if path.exists() else []
+        for call_id, name, arguments in calls(self.style, answer):
+            key = (run.thread_id, answer.id, call_id)
+            if "/".join(key) in answered:
+                continue
+            if run.approver is None:
+                raise _AwaitingHumanError  # nobody answers in this run: it waits
+            if protected:
+                approvals.request(key, tool=protected[name], args=arguments, ledger=run.ledger)
+                approvals.approve(key, by=run.approver, ledger=run.ledger)
+            answered.append("/".join(key))
+            path.write_text(json.dumps(answered))
 
     def run(self, run: AgentRun) -> None:
         path = run.folder / "conversation.json"
@@ -175,7 +250,12 @@ class SdkLoopDriver:
                 if self.save_response:
                     save(path, state)  # before any tool runs: a resume processes this response again
             answer = load(self.style, state["pending"])
-            results = self.results(run, answer)
+            try:
+                results = self.results(run, answer)
+            except _AwaitingHumanError:
+                if not self.save_response:
+                    save(path, state)  # the response its human is asked about, kept for when they answer
+                return
             state["conversation"] += [*as_input(self.style, answer), *results]
             state["pending"], state["done"] = None, not calls(self.style, answer)
             save(path, state)

@@ -2,9 +2,11 @@
 SIGKILLs and new processes.
 
 The conformance kit (test_sdk_loops_conformance.py) proves the ``steps`` and ``replan_args`` scenarios on
-every SDK style with tools the helper protects (``run_tool_calls(..., key="args")``); here the tool protects
-itself (``@replay_safe``, the helper supplying the ids), which the kit's drivers do not cover: one SDK style
-each, sync and async (the ids come from the SDK the same way for both variants).
+every SDK style with tools its loops decorate themselves (so that a tool's error is answered to the model
+outside the protection, docs/adapters.md §7); the helper's own protection of plain tools is proven across a
+SIGKILL in test_sdk_loops.py. Here a tool protects itself (``@replay_safe``, the helper supplying the ids)
+with steps and a chosen key, one SDK style each, sync and async (the ids come from the SDK the same way for
+both variants).
 
 Each scenario runs one step of a hand-written agent loop in a child process
 (``replaysafe.testing.run_in_child``): it loads the conversation persisted as a JSON file, asks the
