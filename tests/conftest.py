@@ -260,24 +260,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-#: The longest tests, started first under -n (longest first: no worker is left with a long test at the end
-#: while the others idle): the xdist groups (one worker runs each group's tests in a row), then the slow ones.
-_FIRST = ("packaging", "docs_site")
-
-
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not getattr(config.option, "numprocesses", None):
-        return  # one process: the order the files are written in
-
-    def rank(item: pytest.Item) -> int:
-        group = item.get_closest_marker("xdist_group")
-        if group is not None and group.args and group.args[0] in _FIRST:
-            return _FIRST.index(group.args[0])
-        return len(_FIRST) if item.get_closest_marker("slow") is not None else len(_FIRST) + 1
-
-    items.sort(key=rank)  # stable: within a rank, the order the files are written in
-
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     # What collection imported (the frameworks of every adapter among it) lives for the whole
     # run: out of the collector's sight, the collection at each test's end walks only what
