@@ -555,9 +555,14 @@ _NO_STATE = CallState()
 def _call_state(spec: ToolSpec, host: Host, record: Record, sealer: Sealer | None) -> CallState:
     """What ``record`` (not finished) says of its call's steps and approvals, its seal checked first on a
     ledger that signs records (a paused record's always, result or not: it lets the call run again)."""
-    text = _trusted_text(spec, host, record, sealer)
-    if text is None:
-        return _NO_STATE
+    return call_state(record, _trusted_text(spec, host, record, sealer))
+
+
+def call_state(record: Record, text: str | None) -> CallState:
+    """What ``record``, whose result reads ``text`` (its seal checked), says of its call's steps and approvals:
+    the one reading of both forms, for a claim, an approver and ``approvals.state``."""
+    if text is None or record.status is _COMPLETED or record.status is _FAILED:
+        return _NO_STATE  # a finished record's text is its result
     if text.startswith(STATE_PREFIX):
         # Written by this library and sealed: unreadable only across versions. It then asks for an
         # approval rather than run a call that may have needed one.
@@ -1704,13 +1709,7 @@ def decide(
             f"decision. See it with {ledger_command('show', key)}"
         )
     text = unsealed(record.result) if sealer is None else sealer.open(record)  # a forged record: TamperedRecordError
-    state = parse_state(text) if text is not None and text.startswith(STATE_PREFIX) else None
-    if state is None:
-        steps: tuple[str, ...] = ()
-        if text is not None and text.startswith(STEPS_PREFIX):
-            with contextlib.suppress(ValueError):
-                steps = tuple(json.loads(text[len(STEPS_PREFIX) :]))
-        state = CallState(steps)
+    state = call_state(record, text)
     now = host.now()
     # Bound to the record it is written into (the takeover's attempt): a copy of it restored in the store
     # once it is spent (the record has moved on) is refused.

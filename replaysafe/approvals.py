@@ -29,15 +29,13 @@ from typing import Any
 from . import _config, _drivers
 from ._approvals import (
     DEFAULT_EXPIRY,
-    STATE_PREFIX,
     Approval,
-    CallState,
     Decision,
     edited_arguments,
     expiry,
-    parse_state,
 )
 from ._context import CallInfo
+from ._core import call_state
 from ._decorator import tool_of
 from ._errors import (
     ApprovalExpiredError,
@@ -187,9 +185,7 @@ def state(call: CallRef, *, ledger: Ledger | None = None) -> ApprovalState | Non
     if record is None:
         return None
     text = unsealed(record.result) if chosen.sealer is None else chosen.sealer.open(record)
-    found = parse_state(text) if text is not None and text.startswith(STATE_PREFIX) else None
-    if found is None or record.status in (Status.COMPLETED, Status.FAILED):
-        found = CallState()
+    found = call_state(record, text)
     return ApprovalState(
         record.status, record.attempt, found.requested, found.decision, found.spent, found.may_have_run
     )
