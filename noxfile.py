@@ -45,7 +45,7 @@ INTERPRETER_SLICE = [
 #: Within the slice, the parametrisations on a server ledger are left to the default Python's full run.
 NO_SERVER_LEDGERS = "not postgres and not redis"
 
-nox.options.default_venv_backend = "venv"
+nox.options.default_venv_backend = "uv|venv"  # uv makes the environment and installs in seconds
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = ["tests"]
 

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import _forkserver
+from ._child_main import OUTCOME_ENV
+
 #: The environment variable that names the point at which the child kills itself.
 KILL_AT_ENV = "REPLAYSAFE_TEST_KILL_AT"
-#: Where the child writes what happened (its result, its error, or the point it died at).
-OUTCOME_ENV = "REPLAYSAFE_TEST_OUTCOME"
 
 
 def kill_point(name: str) -> None:
@@ -101,14 +102,8 @@ def run_in_child(
         if kill_at is not None:
             child_env[KILL_AT_ENV] = kill_at
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "replaysafe.testing._child_main"],
-                input=json.dumps(request),
-                capture_output=True,
-                text=True,
-                env=child_env,
-                timeout=timeout,
-                check=False,
+            done = _forkserver.run_python(
+                ["-m", "replaysafe.testing._child_main"], input=json.dumps(request), env=child_env, timeout=timeout
             )
         except subprocess.TimeoutExpired as exc:  # subprocess.run has killed it
             raise TimeoutError(f"run_in_child({_name(function)}) did not finish within {timeout} s") from exc

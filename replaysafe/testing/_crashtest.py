@@ -313,7 +313,7 @@ class _Runner:
         code: int | None
         if server is not None:
             try:
-                code = server.run(argv, env, self.cwd, output, self.timeout)
+                code = server.run({"argv": argv, "env": env, "cwd": str(self.cwd), "output": str(output)}, self.timeout)
             except OSError as exc:
                 raise CrashTestError(
                     f"the process that starts the runs of {self.entry} ended ({exc}); run the crash test again, "

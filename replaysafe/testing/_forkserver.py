@@ -23,10 +23,12 @@ import contextlib
 import importlib
 import json
 import os
+import runpy
 import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -39,9 +41,13 @@ FORK_ENV = "REPLAYSAFE_CRASHTEST_FORK"
 #: In ``env=`` of ``crashtest()``: runs of other groups (agents on other frameworks run from one entry point,
 #: as the conformance kit's drivers are) fork from servers of their own.
 GROUP_ENV = "REPLAYSAFE_CRASHTEST_GROUP"
+#: Set for a run of ``run_python`` that starts as a new interpreter: the file it writes its installed modules to.
+MODULES_ENV = "REPLAYSAFE_FORK_MODULES"
 #: The servers one process keeps (two per agent module and group), the least recently used closed first.
-_KEPT = 8
+_KEPT = 16
 _MODULE = "replaysafe.testing._forkserver"
+#: A learning run's command: ``-c``, not ``-m``, which would warn that the package imported this module first.
+_LEARN = f"from {_MODULE} import main; main()"
 
 
 def enabled() -> bool:
@@ -113,32 +119,72 @@ def _serve(replies: int) -> dict[str, Any] | None:
 
 
 def _become_run(request: Mapping[str, Any]) -> int:
-    """In the forked process: become the run the request describes (a session of its own, its output file,
-    its environment and directory), then run the crash-test child as ``python -m`` would."""
+    """In the forked process: become the run the request describes (a session of its own, its input and output
+    files, its environment and directory), then run what it names as ``python`` would."""
     os.setsid()  # its own process group: a timeout kills it and whatever it started
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(output, 1)
-    os.dup2(output, 2)
-    os.close(output)
+    _redirect(0, request.get("stdin", os.devnull), os.O_RDONLY)
+    _redirect(1, request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    _redirect(2, request.get("errors", request["output"]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     from .. import _config, _owners
-    from . import _crashtest_child
 
     # What replaysafe read from the environment when the server imported it, read again from the run's.
     _config.reset()
     _owners._owner.machine = _owners._machine()
     _owners._owner.reset()
 
-    sys.argv = [str(_crashtest_child.__file__), *request["argv"]]
-    return _crashtest_child.main(list(request["argv"]))
+    kind, argv = request.get("kind", "crashtest"), list(request["argv"])
+    if kind == "crashtest":
+        from . import _crashtest_child
+
+        sys.argv = [str(_crashtest_child.__file__), *argv]
+        return _crashtest_child.main(argv)
+    _run_as_main(kind, request["target"], argv, cwd=request["cwd"])
+    return 0
+
+
+def _redirect(fd: int, path: str, flags: int) -> None:
+    opened = os.open(path, flags, 0o600)
+    os.dup2(opened, fd)
+    os.close(opened)
+
+
+def _run_as_main(kind: str, target: str, argv: Sequence[str], *, cwd: str) -> None:
+    """Run a script (``kind`` "path") or a module ("module") as ``python FILE ARGS`` or ``python -m MODULE ARGS``
+    would: its ``sys.argv``, its first import path entry (the script's folder, or the working directory), and
+    ``__name__ == "__main__"``. What it raises ends the process as it would end the interpreter."""
+    if kind == "path":
+        sys.argv = [target, *argv]
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
+    else:
+        sys.argv = [target, *argv]  # runpy sets argv[0] to the module's file
+        sys.path[0] = cwd
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+
+
+def _learn(kind: str, target: str, argv: Sequence[str]) -> None:
+    """A run that starts as a new interpreter (``python -m replaysafe.testing._forkserver run KIND TARGET ...``)
+    and, when it ends (not when it is killed), writes the installed modules it imported to the file
+    ``MODULES_ENV`` names: what a server imports ahead of the next runs of the same target."""
+    from ._crashtest_child import installed_modules
+
+    report = os.environ.pop(MODULES_ENV)
+
+    @atexit.register
+    def _report() -> None:
+        Path(report).write_text(json.dumps(installed_modules()), encoding="utf-8")
+
+    _run_as_main(kind, target, argv, cwd=os.getcwd())
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["run"]:
+        kind, target, *argv = sys.argv[2:]
+        _learn(kind, target, argv)
+        return
     preload = json.loads(sys.stdin.readline())
     given = json.loads(os.environ.get(_case.SYS_PATH_ENV, "[]"))
     sys.path.extend(path for path in given if path not in sys.path)
@@ -212,17 +258,16 @@ class ForkServer:
                 if not future.done():
                     future.set_exception(OSError("the crash test's fork server ended"))
 
-    def run(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, output: Path, timeout: float) -> int | None:
-        """Fork one run and wait for it: its exit code (negative: the signal that ended it), or ``None`` when
-        it passed ``timeout`` and was killed with its process group."""
+    def run(self, request: Mapping[str, Any], timeout: float | None) -> int | None:
+        """Fork one run (see ``_become_run`` for the request's fields) and wait for it: its exit code (negative:
+        the signal that ended it), or ``None`` when it passed ``timeout`` and was killed with its process group."""
         with self._lock:
             self._count += 1
             run_id = str(self._count)
             pid_future: concurrent.futures.Future[int] = concurrent.futures.Future()
             code_future: concurrent.futures.Future[int] = concurrent.futures.Future()
             self._pids[run_id], self._codes[run_id] = pid_future, code_future
-            request = {"id": run_id, "argv": list(argv), "env": dict(env), "cwd": str(cwd), "output": str(output)}
-            self._requests.write((json.dumps(request) + "\n").encode())
+            self._requests.write((json.dumps({**request, "id": run_id}) + "\n").encode())
             self._requests.flush()
         try:
             pid = pid_future.result()
@@ -282,6 +327,66 @@ def server_for(
             while len(_servers) > _KEPT:
                 _servers.pop(next(iter(_servers))).close()
         return server
+
+
+#: What each target run through ``run_python`` imported from installed code, learnt from its first run.
+_learnt: dict[tuple[Any, ...], list[str]] = {}
+#: How many runs of each target ``run_python`` has started: consecutive runs fork from two servers in turn.
+_started: dict[tuple[Any, ...], int] = {}
+
+
+def run_python(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    input: str | None = None,  # subprocess.run's name
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([sys.executable, *argv], capture_output=True, text=True, ...)``, started faster.
+
+    ``argv`` is ``[SCRIPT, ARG ...]`` or ``["-m", MODULE, ARG ...]``. The first run of a script or module is a
+    new interpreter that reports the installed modules it imported; the later ones fork from servers that
+    imported those ahead: each a real process of its own (its session, environment, directory, input and
+    output), killed for real by a SIGKILL. Consecutive runs fork from two servers in turn, so a run resumed
+    after a crash has another hash seed than the run that crashed. Raises ``subprocess.TimeoutExpired`` as
+    ``subprocess.run`` does (the run and its process group are killed).
+    """
+    kind, target, args = ("module", argv[1], list(argv[2:])) if argv[0] == "-m" else ("path", argv[0], list(argv[1:]))
+    run_env = dict(os.environ if env is None else env)
+    folder = os.fspath(cwd) if cwd is not None else os.getcwd()
+    target_key = (sys.executable, folder, kind, target if kind == "module" else os.path.abspath(target))
+    runs = _started[target_key] = _started.get(target_key, 0) + 1
+    modules = _learnt.get(target_key)
+    server = None
+    if modules is not None:
+        server_env = {name: value for name, value in os.environ.items() if name != MODULES_ENV}
+        server = server_for((*target_key, runs % 2), modules, server_env, Path(folder))
+    with tempfile.TemporaryDirectory(prefix="replaysafe-run-") as scratch:
+        stdin, stdout, stderr = (os.path.join(scratch, name) for name in ("stdin", "stdout", "stderr"))
+        Path(stdin).write_text(input or "", encoding="utf-8")
+        if server is None:
+            report = os.path.join(scratch, "modules.json")
+            learning = enabled()  # else the plain command: no server will use what it imports
+            done = subprocess.run(
+                [sys.executable, "-c", _LEARN, "run", kind, target, *args] if learning else [sys.executable, *argv],
+                input=input,
+                capture_output=True,
+                text=True,
+                env={**run_env, MODULES_ENV: report} if learning else run_env,
+                cwd=folder,
+                timeout=timeout,
+                check=False,
+            )
+            if os.path.exists(report):
+                _learnt[target_key] = json.loads(Path(report).read_text(encoding="utf-8"))
+            return subprocess.CompletedProcess([sys.executable, *argv], done.returncode, done.stdout, done.stderr)
+        request = {"kind": kind, "target": target, "argv": args, "env": run_env, "cwd": folder}
+        code = server.run({**request, "stdin": stdin, "output": stdout, "errors": stderr}, timeout)
+        out, err = (Path(path).read_text(encoding="utf-8", errors="replace") for path in (stdout, stderr))
+    if code is None:
+        raise subprocess.TimeoutExpired([sys.executable, *argv], timeout or 0, out, err)
+    return subprocess.CompletedProcess([sys.executable, *argv], code, out, err)
 
 
 @atexit.register

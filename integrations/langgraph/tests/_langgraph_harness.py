@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from replaysafe.testing._forkserver import run_python
 
 AGENT_SCRIPT = Path(__file__).parent / "_agent_script.py"
 
@@ -24,8 +24,8 @@ class AgentRun:
 
 def run_agent(phase: str, **options: str) -> AgentRun:
     """Run the child script in a new Python process with ``--name value`` options."""
-    argv = [sys.executable, str(AGENT_SCRIPT), phase]
+    argv = [str(AGENT_SCRIPT), phase]
     for name, value in options.items():
         argv += [f"--{name.replace('_', '-')}", value]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    done = run_python(argv, timeout=300)
     return AgentRun(done.returncode, done.stdout, done.stderr)

@@ -8,7 +8,6 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from replaysafe import (
     approvals,
     replay_safe,
 )
+from replaysafe.testing._forkserver import run_python
 from replaysafe_openai_agents import context_field, group_id, replay_safe_agent
 
 from agents_scenario import RUN_CONFIG, THREAD, Variant, _append, build_agent, calls_step, done_step, effects
@@ -50,9 +50,7 @@ KEYS = {CallKey(THREAD, "fc_1_1", "call_1"), CallKey(THREAD, "fc_1_2", "call_2")
 
 
 def run_child(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(CHILD), *map(str, args)], capture_output=True, text=True, timeout=300, check=False
-    )
+    return run_python([str(CHILD), *map(str, args)], timeout=300)
 
 
 def next_turn(result: RunResult, text: str) -> list[TResponseInputItem]:

@@ -15,6 +15,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
 
 from replaysafe import CallKey, SqliteLedger, Status
+from replaysafe.testing._forkserver import run_python
 from replaysafe_pydantic_ai import message_id
 
 from pydantic_ai_child import first, resume
@@ -27,9 +28,7 @@ RETURNS = {"call_1": {"order_id": "A1", "refunded": True}, "call_2": "sent to bo
 
 
 def run_child(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(CHILD), *map(str, args)], capture_output=True, text=True, timeout=300, check=False
-    )
+    return run_python([str(CHILD), *map(str, args)], timeout=300)
 
 
 def first_response(history: Path) -> ModelResponse:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from openai.types.responses import Response, ResponseInputItemParam
 from pydantic import TypeAdapter
 
 from replaysafe import CallKey, InvalidCallIdError, SqliteLedger, Status
+from replaysafe.testing._forkserver import run_python
 from replaysafe_sdk_loops import anthropic as anthropic_loop
 from replaysafe_sdk_loops import openai as openai_loop
 
@@ -66,9 +66,7 @@ IDS: dict[Sdk, tuple[str, str, str]] = {
 
 
 def run_child(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(CHILD), *map(str, args)], capture_output=True, text=True, timeout=300, check=False
-    )
+    return run_python([str(CHILD), *map(str, args)], timeout=300)
 
 
 def run_tool_calls(sdk: Sdk, turn: int, tools: dict[str, Any], ledger: SqliteLedger) -> list[Any]:
