@@ -124,7 +124,10 @@ def _become_run(request: Mapping[str, Any]) -> int:
     os.setsid()  # its own process group: a timeout kills it and whatever it started
     _redirect(0, request.get("stdin", os.devnull), os.O_RDONLY)
     _redirect(1, request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    _redirect(2, request.get("errors", request["output"]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    if "errors" in request:
+        _redirect(2, request["errors"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    else:  # one output for both: one open file, so that neither overwrites what the other wrote
+        os.dup2(1, 2)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])

@@ -7,6 +7,7 @@ the run before it."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -118,3 +119,21 @@ def test_with_the_servers_turned_off_every_run_is_a_new_interpreter(
 ) -> None:
     monkeypatch.setenv(_forkserver.FORK_ENV, "0")
     assert [seen(run_python([str(script)]))["ahead"] for _ in range(3)] == [False, False, False]
+
+
+def test_a_run_with_one_output_keeps_both_streams_whole(tmp_path: Path) -> None:
+    """A crash test's run writes stdout and stderr to one file: neither overwrites what the other wrote."""
+    script = tmp_path / "both_streams.py"
+    script.write_text(
+        "import sys\nprint('first line on stdout', flush=True)\n"
+        "print('then stderr', file=sys.stderr, flush=True)\nprint('then stdout again', flush=True)\n"
+    )
+    server = _forkserver.ForkServer([], dict(os.environ), tmp_path)
+    try:
+        assert server.usable
+        output = tmp_path / "output"
+        request = {"kind": "path", "target": str(script), "argv": [], "env": dict(os.environ), "cwd": str(tmp_path)}
+        assert server.run({**request, "output": str(output)}, timeout=60) == 0
+    finally:
+        server.close()
+    assert output.read_text().splitlines() == ["first line on stdout", "then stderr", "then stdout again"]
