@@ -18,6 +18,8 @@ from typing import Any
 from .._context import current_call_or_none
 from .._records import CallKey
 
+#: Where a ``run_in_child`` child writes what happened (its result, its error, or the point it died at).
+OUTCOME_ENV = "REPLAYSAFE_TEST_OUTCOME"
 #: The case's directory, the same for the crashed run and its resume: the entry point keeps its state there.
 DIR_ENV = "REPLAYSAFE_CRASHTEST_DIR"
 #: Which run of the case this process is: ``discover``, ``crash`` or ``resume``.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _forkserver
-from ._child_main import OUTCOME_ENV
+from ._case import OUTCOME_ENV
 
 #: The environment variable that names the point at which the child kills itself.
 KILL_AT_ENV = "REPLAYSAFE_TEST_KILL_AT"

@@ -14,8 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-#: Where the child writes what happened (its result, its error, or the point it died at).
-OUTCOME_ENV = "REPLAYSAFE_TEST_OUTCOME"
+from ._case import OUTCOME_ENV
 
 #: The name a script's ``__main__`` is loaded under here: not ``__main__``, so its ``if __name__ == "__main__":``
 #: block does not run again in the child (as multiprocessing's spawn does it).

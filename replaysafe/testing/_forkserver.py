@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -161,11 +162,14 @@ def _run_as_main(kind: str, target: str, argv: Sequence[str], *, cwd: str) -> No
     if kind == "path":
         sys.argv = [target, *argv]
         sys.path[0] = os.path.dirname(os.path.abspath(target))
-        runpy.run_path(target, run_name="__main__")
+        runpy.run_path(os.path.abspath(target), run_name="__main__")  # __file__ absolute, as python makes it
     else:
         sys.argv = [target, *argv]  # runpy sets argv[0] to the module's file
         sys.path[0] = cwd
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
+        with warnings.catch_warnings():
+            # The module may be imported already (a server imports ahead): runpy warns, python -m would not.
+            warnings.filterwarnings("ignore", r".* found in sys\.modules after import of package", RuntimeWarning)
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
 
 
 def _learn(kind: str, target: str, argv: Sequence[str]) -> None:
@@ -280,8 +284,11 @@ class ForkServer:
         try:
             return code_future.result(timeout)
         except concurrent.futures.TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
+            try:
                 os.killpg(pid, signal.SIGKILL)  # it and anything it started; the server reaps it
+            except ProcessLookupError:  # not yet in a session of its own
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             code_future.result()
             return None
 
@@ -336,6 +343,15 @@ def server_for(
 _learnt: dict[tuple[Any, ...], list[str]] = {}
 #: How many runs of each target ``run_python`` has started: consecutive runs fork from two servers in turn.
 _started: dict[tuple[Any, ...], int] = {}
+#: Targets whose server could not fork (a preloaded module started a thread): each run is a new interpreter.
+_unforkable: set[tuple[Any, ...]] = set()
+#: What an interpreter reads as it starts, before any code of the run: a forked run would keep the server's.
+_AT_START = ("PYTHON", "LC_", "LANG", "TZ")
+
+
+def _at_start(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` an interpreter reads as it starts: a run forks only from a server started alike."""
+    return {name: value for name, value in env.items() if name.startswith(_AT_START)}
 
 
 def run_python(
@@ -362,9 +378,12 @@ def run_python(
     runs = _started[target_key] = _started.get(target_key, 0) + 1
     modules = _learnt.get(target_key)
     server = None
-    if modules is not None:
+    at_start = _at_start(run_env)
+    if modules is not None and target_key not in _unforkable and at_start == _at_start(os.environ):
         server_env = {name: value for name, value in os.environ.items() if name != MODULES_ENV}
-        server = server_for((*target_key, runs % 2), modules, server_env, Path(folder))
+        server = server_for((*target_key, runs % 2, *sorted(at_start.items())), modules, server_env, Path(folder))
+        if server is None and enabled():
+            _unforkable.add(target_key)  # its imports start a thread: no server will fork it
     with tempfile.TemporaryDirectory(prefix="replaysafe-run-") as scratch:
         stdin, stdout, stderr = (os.path.join(scratch, name) for name in ("stdin", "stdout", "stderr"))
         Path(stdin).write_text(input or "", encoding="utf-8")

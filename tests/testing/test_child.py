@@ -50,6 +50,18 @@ def test_an_async_function_runs_under_asyncio() -> None:
     assert run_in_child(crash_scenario.async_step, 21).value == 42
 
 
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_a_child_says_nothing_of_its_own_even_with_warnings_as_errors(
+    fork: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child starts clean, a new interpreter or forked: no warning of how it was started in its stderr,
+    and it runs when every warning is an error."""
+    monkeypatch.setenv("REPLAYSAFE_CRASHTEST_FORK", fork)
+    monkeypatch.setenv("PYTHONWARNINGS", "error")
+    runs = [run_in_child(crash_scenario.async_step, 21) for _ in range(3)]
+    assert [(run.value, run.stderr) for run in runs] == [(42, "")] * 3
+
+
 def test_an_error_in_the_child_is_raised_with_its_traceback() -> None:
     with pytest.raises(ChildError, match=r"raised builtins\.ValueError") as raised:
         run_in_child(crash_scenario.failing_step)

@@ -57,7 +57,7 @@ def seen(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 def test_a_script_runs_as_python_would_run_it_the_first_time_and_forked(script: Path, tmp_path: Path) -> None:
     runs = [
-        run_python([str(script), "a", "b"], input="in", env={"RUN_PYTHON_TEST": "x", "PATH": ""}, cwd=tmp_path)
+        run_python([str(script), "a", "b"], input="in", env={**os.environ, "RUN_PYTHON_TEST": "x"}, cwd=tmp_path)
         for _ in range(3)
     ]
     views = [seen(done) for done in runs]
@@ -137,3 +137,22 @@ def test_a_run_with_one_output_keeps_both_streams_whole(tmp_path: Path) -> None:
     finally:
         server.close()
     assert output.read_text().splitlines() == ["first line on stdout", "then stderr", "then stdout again"]
+
+
+def test_a_run_that_starts_otherwise_is_a_new_interpreter(script: Path, tmp_path: Path) -> None:
+    """What an interpreter reads as it starts (PYTHONHASHSEED, PYTHONPATH...) a forked run would take from its
+    server: a run given other values starts as a new interpreter, which honours them."""
+    extra = tmp_path / "extra_path"
+    extra.mkdir()
+    seen(run_python([str(script)]))  # learnt: the next runs with this environment fork
+    assert seen(run_python([str(script)]))["ahead"] is True
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(extra)}
+    views = [seen(run_python([str(script)], env=env)) for _ in range(2)]
+    assert [view["ahead"] for view in views] == [False, False]
+    fresh = subprocess.run([sys.executable, "-c", "print(hash('seed'))"], env=env, capture_output=True, text=True)
+    assert {view["hash"] for view in views} == {int(fresh.stdout)}
+
+
+def test_a_script_given_by_a_relative_path_has_an_absolute_file(tmp_path: Path) -> None:
+    (tmp_path / "where.py").write_text("print(__file__)\n")
+    assert [run_python(["where.py"], cwd=tmp_path).stdout.strip() for _ in range(2)] == [str(tmp_path / "where.py")] * 2
