@@ -173,9 +173,9 @@ def _run_as_main(kind: str, target: str, argv: Sequence[str], *, cwd: str) -> No
 
 
 def _learn(kind: str, target: str, argv: Sequence[str]) -> None:
-    """A run that starts as a new interpreter (``python -m replaysafe.testing._forkserver run KIND TARGET ...``)
-    and, when it ends (not when it is killed), writes the installed modules it imported to the file
-    ``MODULES_ENV`` names: what a server imports ahead of the next runs of the same target."""
+    """A run that starts as a new interpreter (``python -c _LEARN run KIND TARGET ARG ...``) and, when it ends
+    (not when it is killed), writes the installed modules it imported to the file ``MODULES_ENV`` names: what a
+    server imports ahead of the next runs of the same target."""
     from ._crashtest_child import installed_modules
 
     report = os.environ.pop(MODULES_ENV)
