@@ -192,12 +192,9 @@ def _isolate_global_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture
-def events() -> Iterator[list[replaysafe.Event]]:
-    """Every event emitted while the test runs."""
-    seen: list[replaysafe.Event] = []
-    unsubscribe = replaysafe.on_event(seen.append)
-    yield seen
-    unsubscribe()
+def events(replaysafe_events: list[replaysafe.Event]) -> list[replaysafe.Event]:
+    """Every event emitted while the test runs (the plugin's fixture, under the suite's short name)."""
+    return replaysafe_events
 
 
 @pytest.fixture

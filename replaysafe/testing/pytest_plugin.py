@@ -1,6 +1,6 @@
 """replaysafe's pytest plugin: loaded automatically once replaysafe is installed.
 
-Fixtures: ``replaysafe_ledger``, ``replaysafe_calls`` and ``replaysafe_clock``. Nothing happens
+Fixtures: ``replaysafe_ledger``, ``replaysafe_calls``, ``replaysafe_clock`` and ``replaysafe_events``. Nothing happens
 in a test that uses none of them.
 """
 
@@ -12,6 +12,7 @@ import pytest
 
 from .. import _config
 from .._config import set_default_ledger
+from .._events import Event, on_event
 from ..ledgers import MemoryLedger
 from ._calls import CallLog, record_calls
 from ._clock import SteppedClock
@@ -49,3 +50,14 @@ def replaysafe_clock() -> Iterator[SteppedClock]:
     """
     with SteppedClock() as clock:
         yield clock
+
+
+@pytest.fixture
+def replaysafe_events() -> Iterator[list[Event]]:
+    """Every event replaysafe emits while the test runs, in order (``replaysafe.on_event``)."""
+    seen: list[Event] = []
+    unsubscribe = on_event(seen.append)
+    try:
+        yield seen
+    finally:
+        unsubscribe()

@@ -95,6 +95,15 @@ def agent(url, path):
     kill_point("after_charge")
 
 
+def test_the_events_of_the_test_are_seen_in_order(replaysafe_ledger, replaysafe_events):
+    with tool_call("t1", "msg_1", "call_2"):
+        refund_order("o-2")
+    with tool_call("t1", "msg_1", "call_2"):
+        refund_order("o-2")
+    kinds = [event.kind.value for event in replaysafe_events]
+    assert kinds.index("started") < kinds.index("executed") < kinds.index("replayed"), kinds
+
+
 def test_crash_and_resume(tmp_path):
     url, path = f"sqlite:///{tmp_path}/l.db", str(tmp_path / "effects")
     assert run_in_child(agent, url, path, kill_at="after_charge").killed
@@ -119,4 +128,4 @@ def test_a_sample_project_uses_the_fixtures_without_configuration(tmp_path: Path
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "9 passed" in done.stdout
+    assert "10 passed" in done.stdout

@@ -6,7 +6,6 @@ crash is a real SIGKILL and a resume in a new process from ADK's SQLite session.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +77,8 @@ def responses(events: list[AdkEvent], name: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def events() -> Iterator[list[replaysafe.Event]]:
-    seen: list[replaysafe.Event] = []
-    unsubscribe = replaysafe.on_event(seen.append)
-    try:
-        yield seen
-    finally:
-        unsubscribe()
+def events(replaysafe_events: list[replaysafe.Event]) -> list[replaysafe.Event]:
+    return replaysafe_events
 
 
 def refund_keys(events: list[AdkEvent]) -> list[CallKey]:

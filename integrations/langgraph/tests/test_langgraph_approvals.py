@@ -154,11 +154,8 @@ def agents(tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
-def events() -> Iterator[list[replaysafe.Event]]:
-    seen: list[replaysafe.Event] = []
-    unsubscribe = replaysafe.on_event(seen.append)
-    yield seen
-    unsubscribe()
+def events(replaysafe_events: list[replaysafe.Event]) -> list[replaysafe.Event]:
+    return replaysafe_events
 
 
 def approval_events(seen: list[replaysafe.Event]) -> list[tuple[str, str | None]]:

@@ -155,11 +155,8 @@ def files(tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def events() -> Iterator[list[replaysafe.Event]]:
-    seen: list[replaysafe.Event] = []
-    unsubscribe = replaysafe.on_event(seen.append)
-    yield seen
-    unsubscribe()
+def events(replaysafe_events: list[replaysafe.Event]) -> list[replaysafe.Event]:
+    return replaysafe_events
 
 
 @pytest.mark.parametrize(("protect", "refunds"), [(True, 1), (False, 2)])

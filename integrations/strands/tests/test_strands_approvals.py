@@ -6,7 +6,7 @@ as a bound approval (docs/approvals.md) that the call then spends. Each case run
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,6 @@ from strands import Agent, tool
 from strands.hooks import BeforeToolCallEvent, HookOrder, HookRegistry
 from strands.session import FileSessionManager
 
-import replaysafe
 from replaysafe import (
     ApprovalExpiredError,
     ApprovalMismatchError,
@@ -106,11 +105,8 @@ def refund_key(script: Script = REFUND, turn: int = 0) -> CallKey:
 
 
 @pytest.fixture
-def events() -> Iterator[list[Event]]:
-    seen: list[Event] = []
-    stop = replaysafe.on_event(seen.append)
-    yield seen
-    stop()
+def events(replaysafe_events: list[Event]) -> list[Event]:
+    return replaysafe_events
 
 
 def kinds(events: list[Event]) -> list[str]:
