@@ -653,9 +653,11 @@ def test_a_lease_queued_while_the_renewer_renews_another_is_renewed_when_due() -
 
 def test_a_lease_queued_while_another_caller_starts_the_renewer_is_renewed_when_due() -> None:
     """Two threads make their first protected calls at once: the second queues its lease while the first
-    starts the renewer thread, which takes the first lease in and sleeps before the second caller gets past
-    the start lock. The second caller wakes it, so its lease is renewed when due. Before, it returned
-    without waking the thread, and with nothing else scheduled the lease was never renewed."""
+    starts the renewer thread, which takes the first lease in (its call already ended) and sleeps with
+    nothing scheduled before the second caller gets past the start lock. The second caller wakes it, so
+    its lease is renewed when due. Before, it returned without waking the thread, and the lease was never
+    renewed. (The first call ends before the thread starts so that no renewal thread of its own can wake
+    the renewer and take the second lease in: the test sees the one wake-up it is about.)"""
     from replaysafe._renewer import Renewer
 
     renewer = Renewer()
@@ -672,19 +674,23 @@ def test_a_lease_queued_while_another_caller_starts_the_renewer_is_renewed_when_
 
     ledger = EndingLedger()
     first = Lease(CallKey("t", "m", "first"), "me", "first", length, ledger, time.monotonic())
+    first.end()
     second = Lease(CallKey("t", "m", "second"), "me", "second", length, ledger, time.monotonic() + 0.05)
     with renewer._start_lock:  # the first caller, between starting the thread and publishing it
         renewer._incoming.append(first)
         thread = threading.Thread(target=renewer._run, name="replaysafe-lease-renewer", daemon=True)
         thread.start()
-        _wait_for(lambda: renewed == ["first"] and renewer._wakes_at == math.inf, "the renewer asleep")
+        _wait_for(
+            lambda: not renewer._incoming and renewer._wakes_at == math.inf and renewer._ended == renewer._begun >= 1,
+            "the renewer asleep with nothing scheduled",
+        )
         second_caller = threading.Thread(target=renewer.add, args=(second,))
         second_caller.start()  # queues its lease, finds no thread, waits for the start lock
         _wait_for(lambda: len(renewer._incoming) == 1, "the second lease queued")
         renewer._thread = thread
     second_caller.join(30)
     assert second_renewed.wait(30), f"the renewer renewed {renewed} and slept without the second lease"
-    assert renewed == ["first", "second"]
+    assert renewed == ["second"]
 
 
 _REQUEST: contextvars.ContextVar[str] = contextvars.ContextVar("request")
