@@ -5,19 +5,35 @@ response is not saved before them: a crash mid-turn asks the model again, which 
 re-plan scenario possible). Its "adapter" is ``@replay_safe`` with the model's ids under ``tool_call``.
 
 It is a small framework too: it asks its human (``AgentRun.approver``) before it calls a tool that
-``needs_approval``, keeps the answer in its own file (written before the tool runs, as a framework keeps
-its approval state), and hands a tool's error to the model as its answer. Its adapter records the human's
-answer as a bound approval (``replaysafe.approvals``), and a call that asks for a new decision (in doubt
-after it ran on one) ends the run waiting, as the framework's own pending approval.
+``needs_approval``, keeps the answer in its own file before anything else (approve, approve with an edit,
+or reject), by the call's place in the turn as LangGraph keys an interrupt's answer by its place in the
+graph, and applies it there on every run: an edit is run in place of the model's arguments, a rejection
+is answered to the model. It hands a tool's error to the model as its answer.
+
+Its adapter records the kept answer as an approval bound to the call it was given for
+(``replaysafe.approvals``), once, while the call waits for its first decision; a call that another
+call's answer is handed to asks for its own. A call the adapter refuses (asked again for a new decision,
+an approval expired or for other arguments) ends the run waiting, as the framework's own pending
+approval.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
-from replaysafe import CONTROL_ERRORS, ApprovalRequiredError, approvals, replay_safe, tool_call
-from replaysafe.testing.conformance import AgentRun
+from replaysafe import (
+    CONTROL_ERRORS,
+    ApprovalExpiredError,
+    ApprovalMismatchError,
+    ApprovalRejectedError,
+    ApprovalRequiredError,
+    approvals,
+    replay_safe,
+    tool_call,
+)
+from replaysafe.testing.conformance import APPROVER, AgentRun
 
 
 class _Waiting(Exception):
@@ -58,24 +74,30 @@ class LoopDriver:
             message_id, call_ids = run.script.ids("openai-chat", turn, run.boot)
             results = {}
             try:
-                for call_id, call in zip(call_ids, answer, strict=True):
-                    results[call_id] = self._call(run, message_id, call_id, call.tool, dict(call.args))
+                for place, (call_id, call) in enumerate(zip(call_ids, answer, strict=True)):
+                    key = (run.thread_id, message_id, call_id)
+                    results[call_id] = self._call(run, key, f"{turn}.{place}", call.tool, dict(call.args))
             except _Waiting:
                 return  # the framework keeps the turn pending until its human answers
             history.append({"message_id": message_id, "results": results})
             path.write_text(json.dumps(history))
 
-    def _call(self, run: AgentRun, message_id: str, call_id: str, name: str, args: dict[str, Any]) -> Any:
+    def _call(self, run: AgentRun, key: tuple[str, str, str], place: str, name: str, args: dict[str, Any]) -> Any:
         tool = run.tools[name]
         options = dict(run.options)
         needs_approval = bool(options.get("needs_approval"))
         if not run.protect:
             options.pop("needs_approval", None)
         protected = replay_safe(ledger=run.ledger, name=name, **options)(tool) if run.protect else tool
-        key = (run.thread_id, message_id, call_id)
         if needs_approval:
-            self._approved(run, key, protected, args)
-        self._asking = call_id
+            answer = self._answer(run, key, place)
+            if run.protect:
+                self._record(run, key, protected, args, answer)
+            elif not answer["approve"]:
+                return {"error": "rejected by its human"}  # the framework's own rejection
+            elif answer["args"] is not None:
+                args = dict(answer["args"])  # the framework's own edit
+        self._asking = key[2]
         try:
             if not run.protect:
                 return tool(**args)
@@ -84,28 +106,49 @@ class LoopDriver:
         except _Paused:
             # The framework asks its human, keeps the answer, and runs the tool again from its top.
             answers = self._answers(run)
-            answers[call_id] = run.answer
+            answers[key[2]] = run.answer
             (run.folder / "answers.json").write_text(json.dumps(answers))
-            return self._call(run, message_id, call_id, name, args)
-        except ApprovalRequiredError:
-            raise _Waiting from None  # asked again (in doubt after it ran on its approval): for a new decision
+            return self._call(run, key, place, name, args)
+        except ApprovalRejectedError:
+            return {"error": "rejected by its human"}  # the rejection recorded, answered as the framework does
+        except (ApprovalRequiredError, ApprovalMismatchError, ApprovalExpiredError):
+            raise _Waiting from None  # the adapter refused the answer it has: the call waits for a new decision
         except CONTROL_ERRORS:
-            raise  # replaysafe's own refusals stop the run
+            raise  # replaysafe's own other refusals stop the run
         except Exception as exc:  # the model reads the tool's error, as a framework hands it over
             return {"error": type(exc).__name__}
 
-    def _approved(self, run: AgentRun, key: tuple[str, str, str], protected: Any, args: dict[str, Any]) -> None:
-        """The framework's approval flow: the answer it kept, else its human's, kept before the tool runs."""
+    @staticmethod
+    def _answer(run: AgentRun, key: tuple[str, str, str], place: str) -> dict[str, Any]:
+        """The framework's approval flow: the answer it kept for the call's place, else its human's, kept
+        (with the call it was given for) before anything else happens."""
         path = run.folder / "approvals.json"
-        answered: list[str] = json.loads(path.read_text()) if path.exists() else []
-        if key[2] in answered:
+        kept: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.exists() else {}
+        if place not in kept:
+            if run.approver is None:
+                raise _Waiting
+            decided = run.approval
+            kept[place] = {"call": list(key), "approve": decided.approve, "args": decided.args}
+            path.write_text(json.dumps(kept))
+        return kept[place]
+
+    @staticmethod
+    def _record(
+        run: AgentRun, key: tuple[str, str, str], protected: Any, args: dict[str, Any], answer: dict[str, Any]
+    ) -> None:
+        """The adapter: the kept answer, recorded as an approval bound to the call it was given for, once (while
+        the call waits for its first decision). Another call's answer is not recorded: this call asks for its own."""
+        if tuple(answer["call"]) != key:
             return
-        if run.approver is None:
-            raise _Waiting
-        if run.protect:  # the adapter: the human's answer becomes an approval bound to this call
-            approvals.request(key, tool=protected, args=args, ledger=run.ledger)
-            approvals.approve(key, by=run.approver, ledger=run.ledger)
-        path.write_text(json.dumps([*answered, key[2]]))
+        state = approvals.state(key, ledger=run.ledger)
+        if state is not None and not state.waiting:
+            return  # decided already (the answer was recorded before a crash), or run on it
+        approvals.request(key, tool=protected, args=args, ledger=run.ledger)
+        if answer["approve"]:
+            expires = {} if run.approval_expires_in is None else {"expires_in": run.approval_expires_in}
+            approvals.approve(key, by=APPROVER, args=answer["args"], ledger=run.ledger, **expires)
+        else:
+            approvals.reject(key, by=APPROVER, reason="the human said no", ledger=run.ledger)
 
 
 DRIVER = LoopDriver()
@@ -115,19 +158,7 @@ class UnprotectedDriver(LoopDriver):
     """An adapter that forgets to protect: the tools run plain whatever ``protect`` says."""
 
     def run(self, run: AgentRun) -> None:
-        super().run(
-            AgentRun(
-                run.script,
-                run.tools,
-                run.folder,
-                run.ledger,
-                False,
-                run.options,
-                run.boot,
-                approver=run.approver,
-                answer=run.answer,
-            )
-        )
+        super().run(dataclasses.replace(run, protect=False))
 
 
 UNPROTECTED = UnprotectedDriver()

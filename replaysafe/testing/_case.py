@@ -8,6 +8,7 @@ the parent reads the log once the child has ended.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._context import current_call_or_none
+from .._crash_points import AFTER_RECORD, AFTER_RETURN
 from .._records import CallKey
 
 #: Where a ``run_in_child`` child writes what happened (its result, its error, or the point it died at).
@@ -45,6 +47,10 @@ class Case:
         self.kill = kill
         self._log = Path(folder) / LOG_NAME
         self._lock = threading.Lock()
+        #: The calls whose body runs (started, outcome not yet told), and those being paused for a decision
+        #: they asked for before any body ran (an approval requested): their pause is not an outcome.
+        self._running: collections.Counter[CallKey] = collections.Counter()
+        self._asking: set[CallKey] = set()
 
     def note(self, kind: str, **fields: Any) -> None:
         line = json.dumps({"run": self.run, "pid": os.getpid(), "kind": kind, **fields}) + "\n"
@@ -66,7 +72,22 @@ class Case:
         )
 
     def point(self, point: str, key: CallKey, tool_name: str, status: str | None) -> None:
-        """A call reached ``point`` (``replaysafe._crash_points``): logged, and the process dies if asked."""
+        """A call reached ``point`` (``replaysafe._crash_points``): logged, and the process dies if asked.
+
+        A call paused to ask for a decision before its body ever ran (``needs_approval``, a framework's request)
+        reaches no ``after-return`` or ``after-record``: nothing returned, and its outcome is not written. It is
+        logged as ``asked``, and no case kills there (``decided`` is the point after it)."""
+        if point == AFTER_RETURN:
+            with self._lock:
+                if self._running[key]:
+                    self._running[key] -= 1
+                elif status == "paused":
+                    self._asking.add(key)
+        if key in self._asking and point in (AFTER_RETURN, AFTER_RECORD):
+            if point == AFTER_RECORD:
+                self._asking.discard(key)
+            self.note("asked", key=key_list(key), tool=tool_name, written=point == AFTER_RECORD)
+            return
         parent = current_call_or_none() if point == "before" else None
         parent_key = key_list(parent and parent.key)
         self.note("point", point=point, key=key_list(key), tool=tool_name, parent=parent_key, status=status)
@@ -75,17 +96,20 @@ class Case:
 
     def started(self, key: CallKey, tool_name: str) -> None:
         """A call's body starts: its ``inside`` point when the call makes no marked side effect."""
+        with self._lock:
+            self._running[key] += 1
         if self._kills_call("inside", key, at="start"):
             self.die(point="inside", key=key_list(key), tool=tool_name)
 
-    def effect(self, name: str) -> None:
-        """A marked side effect ran (``side_effect``); it dies here if this is where it was asked to."""
+    def effect(self, name: str, args: str | None = None) -> None:
+        """A marked side effect ran (``side_effect``), with arguments of digest ``args``; it dies here if this
+        is where it was asked to."""
         call = current_call_or_none()
         chain: list[list[str] | None] = []
         while call is not None:
             chain.append(key_list(call.key))
             call = call.parent
-        self.note("effect", name=name, calls=chain)
+        self.note("effect", name=name, args=args, calls=chain)
         kill = self.kill
         if kill is None:
             return

@@ -39,18 +39,20 @@ Policy = Literal["rerun", "raise"]
 HOLDS, BROKEN, UNTESTABLE = 0, 1, 2
 
 #: Verdicts of a case. ``holds``: every call ran at most once, or twice where it was in doubt and the
-#: policy settled it; ``duplicate``: something ran more often than promised; the others: not tested.
-HELD, IN_DOUBT, DUPLICATE, UNPROTECTED, RECORD_IGNORED, NOT_REACHED, HUNG, RESUME_FAILED = (
+#: policy settled it; ``duplicate``: something ran more often than promised; ``new arguments``: a side
+#: effect ran with arguments the run that was not killed never used; the last three: not tested.
+HELD, IN_DOUBT, DUPLICATE, UNPROTECTED, RECORD_IGNORED, NEW_ARGUMENTS, NOT_REACHED, HUNG, RESUME_FAILED = (
     "holds",
     "in doubt, settled by policy",
     "DUPLICATE",
     "UNPROTECTED",
     "RECORD IGNORED",
+    "NEW ARGUMENTS",
     "not reached",
     "hung",
     "resume failed",
 )
-_BROKEN = {DUPLICATE, UNPROTECTED, RECORD_IGNORED}
+_BROKEN = {DUPLICATE, UNPROTECTED, RECORD_IGNORED, NEW_ARGUMENTS}
 _UNTESTED = {NOT_REACHED, HUNG, RESUME_FAILED}
 
 _CHILD = "replaysafe.testing._crashtest_child"
@@ -108,6 +110,10 @@ class CaseResult:
     reproduce: str
     folder: str | None = None
     seconds: float = 0.0
+    #: How often each marked side effect ran in the case's two runs (killed and resumed), by name.
+    effects: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: The same, in the resumed run alone.
+    resumed_effects: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def broken(self) -> bool:
@@ -401,27 +407,44 @@ class _Tally:
     starts: Counter[Key] = dataclasses.field(default_factory=Counter)
     tool_starts: Counter[str] = dataclasses.field(default_factory=Counter)
     effects: Counter[str] = dataclasses.field(default_factory=Counter)
+    #: The same, by effect and the digest of its arguments (``None`` for arguments that are not data).
+    effect_args: Counter[tuple[str, str | None]] = dataclasses.field(default_factory=Counter)
     #: Executions outside every protected call (marked effects, and protected tools run without ids).
     unprotected: Counter[str] = dataclasses.field(default_factory=Counter)
     tools: dict[Key, str] = dataclasses.field(default_factory=dict)
+    #: Every call that reached a point, started or not (a call rejected, or waiting for a decision, never starts).
+    seen: set[Key] = dataclasses.field(default_factory=set)
+
+    def allowed_starts(self, key: Key) -> int:
+        """How often the call ``key`` starts in this run: 1 for a call it did not make (counted by tool instead)."""
+        return self.starts.get(key, 0 if key in self.seen else 1)
 
 
 def _tally(lines: Iterable[dict[str, Any]]) -> _Tally:
     tally = _Tally()
+    running: Counter[tuple[str, Key]] = Counter()  # each run's starts of each call whose outcome is not told yet
     for line in lines:
         key = _key(line.get("key"))
-        paused = line["kind"] == "point" and line["point"] == AFTER_RETURN and line.get("status") == "paused"
-        if (paused or (line["kind"] == "event" and line["event"] == "started")) and key is not None:
-            # A start that ended in a pause made no side effect (a tool pauses before it acts): not counted.
-            # (Told when its pause is about to be written, not by the event after it: a kill may come between.)
-            one = -1 if paused else 1
+        if key is not None and line["kind"] == "event" and line["event"] == "started":
+            running[line["run"], key] += 1
             tally.tools[key] = line["tool"]
-            tally.starts[key] += one
-            tally.tool_starts[line["tool"]] += one
+            tally.starts[key] += 1
+            tally.tool_starts[line["tool"]] += 1
+        elif key is not None and line["kind"] == "point":
+            tally.seen.add(key)
+            if line["point"] == AFTER_RETURN and running[line["run"], key]:
+                running[line["run"], key] -= 1
+                if line.get("status") == "paused":
+                    # A start that ended in a pause made no side effect (a tool pauses before it acts): not
+                    # counted. (Told when its pause is about to be written, not by the event after it: a kill may
+                    # come between.) A call paused with no start (an approval asked for) has none to take back.
+                    tally.starts[key] -= 1
+                    tally.tool_starts[line["tool"]] -= 1
         elif line["kind"] == "event" and line["event"] == "unprotected":
             tally.unprotected[line["tool"] + _RUN_WITHOUT_IDS] += 1
         elif line["kind"] == "effect":
             tally.effects[line["name"]] += 1
+            tally.effect_args[line["name"], line.get("args")] += 1
             if not line["calls"]:
                 tally.unprotected[line["name"]] += 1
     return tally
@@ -463,13 +486,13 @@ def _verdict(
         details.append(detail)
 
     for key, count in sorted(done.starts.items()):
-        tool, allowed = done.tools[key], base.starts.get(key, 1) + (key in rerun)
+        tool, allowed = done.tools[key], base.allowed_starts(key) + (key in rerun)
         if count > allowed:
             why = (
                 "its outcome was written before the crash" if key not in open_at_kill else "more than its policy ran it"
             )
             broke(DUPLICATE, f"{tool} ({_ids(key)}) ran {count} times, {allowed} allowed: {why}")
-        elif key in rerun and count > base.starts.get(key, 1):
+        elif key in rerun and count > base.allowed_starts(key):
             details.append(f"{tool} ({_ids(key)}) was in doubt and ran again under its policy (rerun)")
             verdict = IN_DOUBT if verdict == HELD else verdict
     for tool, count in sorted(done.tool_starts.items()):
@@ -483,11 +506,14 @@ def _verdict(
             RECORD_IGNORED,
             f"{done.tools.get(key, '?')} ({_ids(key)}) was reported in doubt, though its outcome was written",
         )
-    again_inside = Counter(
-        line["name"]
+    again_inside_args = Counter(
+        (line["name"], line.get("args"))
         for line in crashed.lines
         if line["kind"] == "effect" and any(_key(k) in rerun for k in line["calls"])
     )
+    again_inside: Counter[str] = Counter()
+    for (name, _), count in again_inside_args.items():
+        again_inside[name] += count
     for name, count in sorted(done.effects.items()):
         allowed = base.effects.get(name, 0) + again_inside.get(name, 0)
         if count <= allowed:
@@ -500,6 +526,26 @@ def _verdict(
             )
         else:
             broke(DUPLICATE, f"`{name}` ran {count} times, where a run that is not killed runs it {allowed}")
+    for (name, digest), count in sorted(done.effect_args.items(), key=lambda item: (item[0][0], item[0][1] or "")):
+        if digest is None:
+            continue  # its arguments are not data: counted by name alone
+        once = base.effect_args.get((name, digest), 0)
+        if once:
+            allowed = once + again_inside_args.get((name, digest), 0)
+            if count > allowed and done.effects[name] <= base.effects.get(name, 0) + again_inside.get(name, 0):
+                # Not seen by name (another set of arguments ran less often than it should): seen here.
+                broke(
+                    DUPLICATE,
+                    f"`{name}` ran {count} times with the same arguments, where a run that is not "
+                    f"killed runs it {allowed} (digest {digest[:12]})",
+                )
+            continue
+        broke(
+            NEW_ARGUMENTS,
+            f"`{name}` ran {count} time(s) with arguments the run that was not killed never used (digest "
+            f"{digest[:12]}): a resumed run carried out something its first run did not ask for (a re-plan, or "
+            "an approval applied to other arguments)",
+        )
     for name, count in sorted(done.unprotected.items()):
         if name not in done.effects and count > base.unprotected.get(name, 0):
             broke(
@@ -520,7 +566,7 @@ def _verdict(
             details += _tail(resumed)
     if target is not None:
         ran = done.starts.get(target.key, 0)
-        once = base.starts.get(target.key, 1)
+        once = base.allowed_starts(target.key)
         expected = f"{once}, or {once + 1} if in doubt" if target.key in open_at_kill else str(once)
     else:
         ran = done.effects.get(effect or "", 0) or done.unprotected.get(effect or "", 0)
@@ -706,6 +752,8 @@ def _run_case(
         resumed = runner.run(folder, "resume", url)
         ran, expected, verdict, details = _verdict(call, effect, crashed, resumed, report)
         result = CaseResult(name, tool, key, point, ran, expected, verdict, details, reproduce)
+        result.effects = dict(_tally(crashed.lines + resumed.lines).effects)
+        result.resumed_effects = dict(_tally(resumed.lines).effects)
     result.seconds = time.monotonic() - started
     if keep or result.broken or result.untested:
         result.folder = str(folder)

@@ -44,6 +44,16 @@ class Script:
     name: str = "script"
     #: Whether a model asked again after a restart answers with new ids (``boot`` in ``ids``).
     new_ids_after_restart: bool = False
+    #: What a model asked again after a restart answers instead, turn by turn (``for_boot``): a model that
+    #: re-plans with other arguments. ``None``: the same turns.
+    after_restart: tuple[Turn, ...] | None = None
+
+    def for_boot(self, boot: int) -> Script:
+        """The script a run answers from: this one in the first run (``boot`` 0), its ``after_restart`` turns
+        (under the same ids, unless ``new_ids_after_restart``) in the runs after a restart."""
+        if boot == 0 or self.after_restart is None:
+            return self
+        return dataclasses.replace(self, turns=self.after_restart, after_restart=None)
 
     def turn(self, index: int) -> Turn:
         """The model's answer at its ``index``-th turn (from 0)."""

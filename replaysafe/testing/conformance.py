@@ -32,13 +32,16 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from .._constants import LEDGER_URL_ENV
 from .._decorator import replay_safe
+from .._identity import args_digest
 from ..ledgers import Ledger, open_ledger
 from . import _case, _forkserver
+from ._clock import SteppedClock
 from ._crashtest import CrashReport, crashtest
 from ._effects import side_effect
 from ._script import Script, ScriptedCall
@@ -49,6 +52,17 @@ RUN_ENV = "REPLAYSAFE_CONFORMANCE"
 THREAD_ID = "conformance-thread"
 #: This module's name, as the child processes import it (not ``__main__`` when run with ``-m``).
 _MODULE = "replaysafe.testing.conformance"
+
+
+@dataclasses.dataclass(frozen=True)
+class ApprovalAnswer:
+    """What the kit's human answers a call that asks for an approval (``AgentRun.approval``)."""
+
+    #: ``True``: approved; ``False``: rejected.
+    approve: bool = True
+    #: An edit: the complete arguments (by parameter name, JSON values) the human approves instead of the
+    #: model's. ``None``: the model's arguments, as asked.
+    args: Mapping[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +91,11 @@ class AgentRun:
     #: What the human answers a tool that waits for one (``Driver.ask``, the ``"pauses"`` scenarios), in
     #: every run: ``"yes"`` or ``"no"``.
     answer: str = "yes"
+    #: What ``approver`` answers each approval request: approve (as asked, or with an edit) or reject.
+    approval: ApprovalAnswer = ApprovalAnswer()
+    #: How long an approval lets its call run, in seconds (the adapter's own setting, e.g.
+    #: ``approval_expires_in``); ``None``: the adapter's default.
+    approval_expires_in: float | None = None
 
 
 class Driver(Protocol):
@@ -92,10 +111,13 @@ class Driver(Protocol):
     The adapter keeps the paused call's completed steps.
 
     ``"approvals"``: the agent asks its human (``AgentRun.approver``) before it calls a tool of the
-    scenario's ``options`` with ``needs_approval``, the framework's own way, and keeps the answer in its
-    own persistence; the adapter records the answer as a bound approval (``replaysafe.approvals``); a run
-    whose approval is asked for and not answered (``approver`` is ``None``, or the adapter asks again)
-    ends, waiting for it.
+    scenario's ``options`` with ``needs_approval``, the framework's own way, and keeps the answer
+    (``AgentRun.approval``: approve, approve with an edit, or reject) where the framework keeps it, handing
+    it back on resume as the framework does; the adapter records the answer as an approval bound to the call
+    it was given for (``replaysafe.approvals``), for ``AgentRun.approval_expires_in`` seconds. A call
+    rejected gets the framework's rejection answer and the run goes on. A run whose approval is asked for
+    and not answered (``approver`` is ``None``, or the adapter refuses the answer it has: another call's,
+    expired, for other arguments, or spent) ends, waiting for a new decision.
 
     ``"tool_errors"``: a tool's exception reaches the model as the framework's error answer, and the run
     goes on.
@@ -130,9 +152,30 @@ class Scenario:
     needs: frozenset[str] = frozenset()
     #: What the human answers a tool that waits for one (``AgentRun.answer``).
     answer: str = "yes"
+    #: What the human answers an approval request (``AgentRun.approval``), and for how long it holds.
+    approval: ApprovalAnswer = ApprovalAnswer()
+    approval_expires_in: float | None = None
+    #: Seconds between the crash and the resume: the resume runs on a clock started that much later
+    #: (``SteppedClock``), as a restart after an outage does.
+    resume_after: float = 0.0
+    #: Side effects (``module:function``) that must not run in a case's resume, whatever the first run did
+    #: before it was killed (a rejected call, an expired approval): the check fails if one did.
+    never_on_resume: frozenset[str] = frozenset()
+    #: Side effects that run only with these arguments (by parameter name), an edit's: the run that is not
+    #: killed must run each with them and no other (every case's other arguments are reported by the crash test).
+    only_with: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    #: The control, when it is the adapter with the human or the clock changed (``AgentRun`` fields:
+    #: ``approval``, ``approval_expires_in``) rather than the agent without the adapter: it must break the
+    #: case's promise, in its ``case``.
+    control_run: Mapping[str, Any] | None = None
 
     def __str__(self) -> str:
         return self.name
+
+    def broken_by(self, report: CrashReport) -> bool:
+        """Whether ``report`` breaks this scenario's promise: a case the crash test found broken, or one whose
+        resume ran a side effect of ``never_on_resume`` (what a control must do, and the adapter must not)."""
+        return report.exit_code == 1 or bool(_never_ran(self, report))
 
 
 # --- the scenarios' tools: marked side effects, importable by the child processes -----------------
@@ -294,6 +337,68 @@ SCENARIOS: tuple[Scenario, ...] = (
         needs=frozenset({"approvals"}),
     ),
     Scenario(
+        "approval_args_changed",
+        Script(
+            (_calls(_REFUND), "done"),
+            name="approval_args_changed",
+            after_restart=(_calls(("refund_order", {"order_id": "Z9"})), "done"),
+        ),
+        "approved, killed once the decision was written; on resume the model asks for the same call with other "
+        "arguments: refused (ApprovalMismatchError), nothing runs, and the call waits for a new decision",
+        case="1@decided",
+        options={"needs_approval": True},
+        control_case=f"{_MODULE}:refund_effect@after-return",
+        needs=frozenset({"approvals"}),
+    ),
+    Scenario(
+        "approval_edited",
+        Script((_calls(_REFUND), "done"), name="approval_edited"),
+        "approved with an edit (order A2 for the model's A1), killed once the decision was written: the resume "
+        "runs the edit, once, and never the model's arguments",
+        case="1@decided",
+        options={"needs_approval": True},
+        approval=ApprovalAnswer(args={"order_id": "A2"}),
+        only_with={f"{_MODULE}:refund_effect": {"order_id": "A2"}},
+        control_case=f"{_MODULE}:refund_effect@after-return",
+        needs=frozenset({"approvals"}),
+    ),
+    Scenario(
+        "approval_expired",
+        Script((_calls(_REFUND), "done"), name="approval_expired"),
+        "approved for 60 s, killed once the decision was written, resumed 120 s later: the approval has expired "
+        "(ApprovalExpiredError), the tool does not run, and the call waits for a new decision",
+        case="1@decided",
+        options={"needs_approval": True},
+        approval_expires_in=60.0,
+        resume_after=120.0,
+        never_on_resume=frozenset({f"{_MODULE}:refund_effect"}),
+        control_run={"approval_expires_in": 3600.0},
+        needs=frozenset({"approvals"}),
+    ),
+    Scenario(
+        "approval_rejected",
+        Script((_calls(_REFUND), "done"), name="approval_rejected"),
+        "rejected by its human, killed once the decision was written: on resume the model gets the rejection "
+        "and the tool never runs",
+        case="1@decided",
+        options={"needs_approval": True},
+        approval=ApprovalAnswer(approve=False),
+        never_on_resume=frozenset({f"{_MODULE}:refund_effect"}),
+        control_run={"approval": ApprovalAnswer(approve=True)},
+        needs=frozenset({"approvals"}),
+    ),
+    Scenario(
+        "approval_reused",
+        Script((_calls(_REFUND), "done"), name="approval_reused", new_ids_after_restart=True),
+        "approved and run, killed once its result was written; on resume the model asks again with the same "
+        "arguments under new ids and the framework hands back the answer it kept: a second call, which asks for "
+        "its own approval and does not run on the first one's",
+        case="1@after-record",
+        options={"needs_approval": True},
+        control_case=f"{_MODULE}:refund_effect@after-return",
+        needs=frozenset({"approvals"}),
+    ),
+    Scenario(
         "tool_error_recorded",
         Script((_calls(("cancel_order", {"order_id": "A1"})), "done"), name="tool_error_recorded"),
         "a tool whose provider acted, then failed, killed once its failure was recorded (record_errors): the "
@@ -356,7 +461,13 @@ def entry() -> None:
     boots = folder / ".replaysafe-conformance-boots"
     boot = int(boots.read_text()) if boots.exists() else 0
     boots.write_text(str(boot + 1))  # before anything runs: a run killed at once still counts as a boot
-    with open_ledger(os.environ[LEDGER_URL_ENV]) as ledger:
+    changes = _run_changes(spec.get("run", {}))
+    later = (
+        SteppedClock(datetime.now(timezone.utc) + timedelta(seconds=scenario.resume_after))
+        if boot and scenario.resume_after
+        else contextlib.nullcontext()
+    )
+    with open_ledger(os.environ[LEDGER_URL_ENV]) as ledger, later:
         asking: dict[str, AgentRun] = {}
         ask = getattr(driver, "ask", None)
 
@@ -365,7 +476,7 @@ def entry() -> None:
             return answer
 
         run = AgentRun(
-            scenario.script,
+            scenario.script.for_boot(boot),
             tools_for(spec["protect"], asked if ask is not None else None),
             folder,
             ledger,
@@ -374,9 +485,19 @@ def entry() -> None:
             boot,
             approver=APPROVER if boot == 0 else None,
             answer=scenario.answer,
+            approval=changes.get("approval", scenario.approval),
+            approval_expires_in=changes.get("approval_expires_in", scenario.approval_expires_in),
         )
         asking["run"] = run
         driver.run(run)
+
+
+def _run_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A control's ``AgentRun`` changes, as the child reads them back from JSON."""
+    out = dict(changes)
+    if isinstance(out.get("approval"), Mapping):
+        out["approval"] = ApprovalAnswer(**out["approval"])
+    return out
 
 
 # --- the test's side -----------------------------------------------------------------------------
@@ -389,8 +510,13 @@ def _crashtest(
     options: Mapping[str, Any],
     case: str | None,
     ledger: str | None,
+    run: Mapping[str, Any] | None = None,
 ) -> CrashReport:
-    spec = {"driver": driver, "scenario": scenario.name, "protect": protect, "options": dict(options)}
+    changes = {
+        name: dataclasses.asdict(value) if isinstance(value, ApprovalAnswer) else value
+        for name, value in (run or {}).items()
+    }
+    spec = {"driver": driver, "scenario": scenario.name, "protect": protect, "options": dict(options), "run": changes}
     return crashtest(
         f"{_MODULE}:entry",
         ledger=ledger,
@@ -414,15 +540,29 @@ def check(
     control shows the duplicate. Returns both reports. ``ledger``: a server's URL (each case gets a table
     or key prefix of its own there); by default a SQLite file in each case's directory."""
     held = _crashtest(driver, scenario, True, scenario.options, None if every_case else scenario.case, ledger)
-    if held.exit_code != 0:
-        raise ConformanceError(f"{scenario.name}: {scenario.promise}; with the adapter:\n{held.table()}")
+    ran = _never_ran(scenario, held) + _other_arguments(scenario, held)
+    if held.exit_code != 0 or ran:
+        raise ConformanceError(f"{scenario.name}: {scenario.promise}; with the adapter:\n{held.table()}{ran}")
+    with_adapter = scenario.control is not None or scenario.control_run is not None
     control_options = scenario.control if scenario.control is not None else scenario.options
-    control_case = scenario.control_case if scenario.control is None else scenario.case
+    control_case = scenario.case if with_adapter else scenario.control_case
     control = _crashtest(
-        driver, scenario, scenario.control is not None, control_options, None if every_case else control_case, ledger
+        driver,
+        scenario,
+        with_adapter,
+        control_options,
+        None if every_case else control_case,
+        ledger,
+        scenario.control_run,
     )
-    if control.exit_code != 1:
-        which = f"options {dict(control_options)}" if scenario.control is not None else "without the adapter"
+    if not scenario.broken_by(control):
+        which = (
+            f"options {dict(control_options)}"
+            if scenario.control is not None
+            else f"the adapter, with {_described(scenario.control_run)}"
+            if scenario.control_run is not None
+            else "without the adapter"
+        )
         raise ConformanceError(
             f"{scenario.name}: no teeth: the control ({which}) did not run anything twice, so the case proves "
             f"nothing about the adapter:\n{control.table()}"
@@ -434,6 +574,35 @@ def check(
                 with contextlib.suppress(OSError):
                     Path(case.folder).parent.rmdir()  # the run's own folder, once empty
     return held, control
+
+
+def _never_ran(scenario: Scenario, report: CrashReport) -> str:
+    """What ran of the scenario's ``never_on_resume`` effects in each case of ``report`` ("" when nothing did)."""
+    lines = [
+        f"\n  case {case.case}: `{name}` ran {case.resumed_effects[name]} time(s) on resume, which this case forbids"
+        for case in report.cases
+        for name in sorted(scenario.never_on_resume)
+        if case.resumed_effects.get(name)
+    ]
+    return "".join(lines)
+
+
+def _other_arguments(scenario: Scenario, report: CrashReport) -> str:
+    """Where the run that was not killed ran an ``only_with`` effect with other arguments ("" when it did not)."""
+    lines = []
+    for name, arguments in sorted(scenario.only_with.items()):
+        wanted = args_digest(arguments, tool_name=name)
+        ran = {digest for (effect, digest), count in report.baseline.effect_args.items() if effect == name and count}
+        if ran != {wanted}:
+            lines.append(
+                f"\n  the run that was not killed ran `{name}` with {len(ran - {wanted})} other set(s) of arguments"
+                f"{'' if wanted in ran else ', and never with the approved ones'}"
+            )
+    return "".join(lines)
+
+
+def _described(changes: Mapping[str, Any]) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in changes.items())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
