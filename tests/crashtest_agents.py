@@ -147,3 +147,49 @@ def in_a_task_group() -> None:
         protected()
     except Exception as exc:
         raise builtins.ExceptionGroup("unhandled errors in a task group", [exc]) from None  # Python 3.11+
+
+
+def _boot() -> int:
+    """Which run of the case this is in its folder: 1 for the first, 2 for a resume after a crash."""
+    boots = _folder() / "boots"
+    boot = int(boots.read_text()) + 1 if boots.exists() else 1
+    boots.write_text(str(boot))
+    return boot
+
+
+def replans_another_order() -> None:
+    """After a restart the model asks for the second refund with another order (Z9 for B2), under the same ids."""
+    global ORDERS
+    if _boot() > 1:
+        ORDERS = ("A1", "Z9")
+    protected()
+
+
+def repeats_one_refund_and_drops_the_other() -> None:
+    """Plain refunds; after a restart the model asks for the first refund again and forgets the second: the count
+    by name matches a run that is not killed, the count by arguments does not."""
+    global ORDERS
+    if _boot() > 1:
+        ORDERS = ("A1",)
+    without_replaysafe()
+
+
+def approved_by_its_human() -> None:
+    """A refund that runs only on an approval: the loop asks its human, who approves (the answer kept in the
+    folder before it is recorded), then runs the approved call."""
+    from replaysafe import ApprovalRequiredError, approvals
+
+    with open_ledger(os.environ["REPLAYSAFE_LEDGER_URL"]) as ledger:
+
+        @replay_safe(ledger=ledger, name="refund_order", needs_approval=True)
+        def refund_order(order: str) -> dict[str, str]:
+            return {"refund": bank_refund(order)}
+
+        def refund_once_approved(order: str) -> None:
+            try:
+                refund_order(order)
+            except ApprovalRequiredError as asked:
+                approvals.approve(asked, by="ana", ledger=ledger)
+                refund_order(order)
+
+        _loop(refund_once_approved)

@@ -206,6 +206,52 @@ def test_a_call_paused_and_resumed_in_one_run_holds() -> None:
     }
 
 
+def test_a_resume_that_runs_arguments_the_first_run_never_used_is_reported() -> None:
+    """Killed once the first refund was recorded, the resumed model asks for the second with another order under
+    the same ids: by name the refunds ran as often as in a run that is not killed, but one ran with arguments that
+    run never used."""
+    report = run("replans_another_order", points=["after-record"], case="1@after-record")
+    assert verdicts(report) == {"1@after-record": (1, "NEW ARGUMENTS")}
+    (detail,) = report.cases[0].details
+    assert detail.startswith(
+        "`crashtest_agents.py:bank_refund` ran 1 time(s) with arguments the run that was not killed never used"
+    )
+    assert report.cases[0].effects == {"crashtest_agents.py:bank_refund": 2}
+    assert report.cases[0].resumed_effects == {"crashtest_agents.py:bank_refund": 1}
+    assert report.exit_code == 1
+
+
+def test_one_refund_made_twice_is_a_duplicate_though_another_was_dropped() -> None:
+    """Killed after the first plain refund ran, the resumed model refunds it again and forgets the second: two
+    refunds by name, as in a run that is not killed; by arguments, the first ran twice."""
+    report = run("repeats_one_refund_and_drops_the_other", case="crashtest_agents.py:bank_refund@after-return")
+    (case,) = report.cases
+    assert case.verdict == "DUPLICATE"
+    assert case.effects == {"crashtest_agents.py:bank_refund": 2}
+    assert any(
+        detail.startswith("`crashtest_agents.py:bank_refund` ran 2 times with the same arguments")
+        for detail in case.details
+    )
+
+
+def test_an_approved_call_is_killed_once_its_decision_is_written_not_while_it_is_asked() -> None:
+    """A call that asks for an approval is paused before its body ever runs: that pause is no outcome, and no case
+    kills there. Its points: the claim, the decision written, then its run. Killed with the decision written, it
+    runs once on resume; killed while it ran, it asks again and its human approves again (in doubt, settled)."""
+    report = run("approved_by_its_human")
+    assert [call.points for call in report.calls] == [
+        ["before", "decided", "inside", "after-return", "after-record"]
+    ] * 2
+    assert {name: verdict for name, (_, verdict) in verdicts(report).items() if name.startswith("1@")} == {
+        "1@before": "holds",
+        "1@decided": "holds",
+        "1@inside": "in doubt, settled by policy",
+        "1@after-return": "in doubt, settled by policy",
+        "1@after-record": "holds",
+    }
+    assert verdicts(report)["1@decided"] == (1, "holds")  # killed with the approval written and unspent: runs once
+
+
 def test_postgres_scheme_cases_get_their_own_tables_and_the_users_records_stay(postgres_url: str) -> None:
     from replaysafe import CallKey, open_ledger, replay_safe, tool_call
 
