@@ -199,6 +199,8 @@ class CrashReport:
                     "details": c.details,
                     "reproduce": c.reproduce,
                     "seconds": round(c.seconds, 3),
+                    "effects": c.effects,
+                    "resumed_effects": c.resumed_effects,
                 }
                 for c in self.cases
             ],
