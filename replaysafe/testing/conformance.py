@@ -42,7 +42,7 @@ from .._identity import args_digest
 from ..ledgers import Ledger, open_ledger
 from . import _case, _forkserver
 from ._clock import SteppedClock
-from ._crashtest import CrashReport, crashtest
+from ._crashtest import _RUN_WITHOUT_IDS, UNPROTECTED, CrashReport, CrashTestError, crashtest
 from ._effects import side_effect
 from ._script import Script, ScriptedCall
 
@@ -164,6 +164,12 @@ class Scenario:
     #: Side effects that run only with these arguments (by parameter name), an edit's: the run that is not
     #: killed must run each with them and no other (every case's other arguments are reported by the crash test).
     only_with: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    #: The conversation id the driver hands the framework (``AgentRun.thread_id``); ``""``: none.
+    thread_id: str = THREAD_ID
+    #: A tool the adapter cannot protect in this scenario (its ids are missing): the documented outcome is that
+    #: it runs unprotected and says so, which the crash test reports as UNPROTECTED, naming it as run without
+    #: ids. The check expects exactly that of the adapter, instead of a case that holds.
+    runs_unprotected: str | None = None
     #: The control, when it is the adapter with the human or the clock changed (``AgentRun`` fields:
     #: ``approval``, ``approval_expires_in``) rather than the agent without the adapter: it must break the
     #: case's promise, in its ``case``.
@@ -174,7 +180,10 @@ class Scenario:
 
     def broken_by(self, report: CrashReport) -> bool:
         """Whether ``report`` breaks this scenario's promise: a case the crash test found broken, or one whose
-        resume ran a side effect of ``never_on_resume`` (what a control must do, and the adapter must not)."""
+        resume ran a side effect of ``never_on_resume`` (what a control must do, and the adapter must not). For a
+        tool that ``runs_unprotected``: a case that does not name it as run without ids."""
+        if self.runs_unprotected is not None:
+            return bool(_not_said_unprotected(self, report))
         return report.exit_code == 1 or bool(_never_ran(self, report))
 
 
@@ -399,6 +408,17 @@ SCENARIOS: tuple[Scenario, ...] = (
         needs=frozenset({"approvals"}),
     ),
     Scenario(
+        "missing_ids",
+        Script((_calls(_REFUND), "done"), name="missing_ids"),
+        "the framework gives the adapter no conversation id: the tool runs unprotected, said with an "
+        "UnprotectedCallWarning and an `unprotected` event, and a crash test names it (nothing is replayed "
+        "under an id made up for it)",
+        case=f"{_MODULE}:refund_effect@after-return",
+        control_case=f"{_MODULE}:refund_effect@after-return",
+        thread_id="",
+        runs_unprotected="refund_order",
+    ),
+    Scenario(
         "tool_error_recorded",
         Script((_calls(("cancel_order", {"order_id": "A1"})), "done"), name="tool_error_recorded"),
         "a tool whose provider acted, then failed, killed once its failure was recorded (record_errors): the "
@@ -485,6 +505,7 @@ def entry() -> None:
             boot,
             approver=APPROVER if boot == 0 else None,
             answer=scenario.answer,
+            thread_id=scenario.thread_id,
             approval=changes.get("approval", scenario.approval),
             approval_expires_in=changes.get("approval_expires_in", scenario.approval_expires_in),
         )
@@ -539,9 +560,17 @@ def check(
     builds, with the adapter and without it; raise ``ConformanceError`` unless the adapter holds and the
     control shows the duplicate. Returns both reports. ``ledger``: a server's URL (each case gets a table
     or key prefix of its own there); by default a SQLite file in each case's directory."""
-    held = _crashtest(driver, scenario, True, scenario.options, None if every_case else scenario.case, ledger)
-    ran = _never_ran(scenario, held) + _other_arguments(scenario, held)
-    if held.exit_code != 0 or ran:
+    try:
+        held = _crashtest(driver, scenario, True, scenario.options, None if every_case else scenario.case, ledger)
+    except CrashTestError as exc:
+        if scenario.runs_unprotected is None or "no case" not in str(exc):
+            raise
+        raise ConformanceError(
+            f"{scenario.name}: {scenario.promise}; with the adapter, {scenario.runs_unprotected} was protected under "
+            f"ids of its own, though the framework gave none: {exc}"
+        ) from None
+    ran = _never_ran(scenario, held) + _other_arguments(scenario, held) + _not_said_unprotected(scenario, held)
+    if (held.exit_code != 0 and scenario.runs_unprotected is None) or ran:
         raise ConformanceError(f"{scenario.name}: {scenario.promise}; with the adapter:\n{held.table()}{ran}")
     with_adapter = scenario.control is not None or scenario.control_run is not None
     control_options = scenario.control if scenario.control is not None else scenario.options
@@ -585,6 +614,21 @@ def _never_ran(scenario: Scenario, report: CrashReport) -> str:
         if case.resumed_effects.get(name)
     ]
     return "".join(lines)
+
+
+def _not_said_unprotected(scenario: Scenario, report: CrashReport) -> str:
+    """For a scenario whose tool runs unprotected: each case that does not report it so ("" when all do)."""
+    tool = scenario.runs_unprotected
+    if tool is None:
+        return ""
+    said = f"`{tool}{_RUN_WITHOUT_IDS}`"
+    lines = [
+        f"\n  case {case.case}: {case.verdict}, without naming {tool} as run without ids: the adapter made an id up, "
+        "or ran it unprotected without saying so"
+        for case in report.cases
+        if case.verdict != UNPROTECTED or not any(said in detail for detail in case.details)
+    ]
+    return "".join(lines) if lines or report.cases else f"\n  no case ran: {tool} was never run"
 
 
 def _other_arguments(scenario: Scenario, report: CrashReport) -> str:
