@@ -86,9 +86,13 @@ def main(argv: list[str] | None = None) -> int:
                         duplicates += 1
                         continue
                     kills += len(held.cases)
-                    duplicates += sum(case.broken for case in held.cases)
+                    if scenario.runs_unprotected is None:  # else its tool runs unprotected, as documented: check says
+                        duplicates += sum(case.broken for case in held.cases)
                     control_kills += len(control.cases)
-                    control_broke += sum(case.broken for case in control.cases)
+                    control_broke += sum(
+                        case.broken or any(case.resumed_effects.get(name) for name in scenario.never_on_resume)
+                        for case in control.cases
+                    )
                 rows.append((name, ledger_name(ledger), scenario.name, kills, duplicates, control_kills, control_broke))
                 totals.update(kills=kills, duplicates=duplicates, control=control_kills, broke=control_broke)
                 print(
