@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                         duplicates += 1
                         continue
                     kills += len(held.cases)
-                    if scenario.runs_unprotected is None:  # else its tool runs unprotected, as documented: check says
+                    if scenario.runs_unprotected is None:  # else it runs unprotected, as documented
                         duplicates += sum(case.broken for case in held.cases)
                     control_kills += len(control.cases)
                     control_broke += sum(
