@@ -17,7 +17,8 @@ def test_every_scenario_holds_with_the_adapter_and_breaks_without(scenario: conf
     held, control = conformance.check(DRIVER, scenario)
     assert [case.case for case in held.cases] == [scenario.case]
     # A tool that runs unprotected (missing ids) is reported so, naming it: the crash test's exit code is 1.
-    assert held.exit_code == (1 if scenario.runs_unprotected else 0) and not scenario.broken_by(held)
+    assert held.exit_code == (1 if scenario.runs_unprotected else 0)
+    assert not scenario.broken_by(held)
     assert scenario.broken_by(control)
 
 

@@ -70,13 +70,15 @@ class CrewAIDriver:
             @start()
             def handle(self) -> str:
                 if not self.state.answer:
-                    output = build_crew(run, self.state.id).kickoff()
+                    # The flow's persisted id is the crew's thread; an app that hands none over (the missing-ids
+                    # scenario: ``run.thread_id`` is "") still persists its flow under an id of its own.
+                    output = build_crew(run, self.state.id if run.thread_id else "").kickoff()
                     assert isinstance(output, CrewOutput)
                     self.state.answer = output.raw
                 return str(self.state.answer)
 
         flow: Any = SupportFlow()
-        flow.kickoff(inputs={"id": run.thread_id})
+        flow.kickoff(inputs={"id": run.thread_id or "conformance-flow"})
 
 
 DRIVER = CrewAIDriver()
