@@ -12,6 +12,7 @@ promise none (a held case that broke), and writes the table to ``--out`` (defaul
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import sys
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                         duplicates += sum(case.broken for case in held.cases)
                     control_kills += len(control.cases)
                     control_broke += sum(
-                        case.broken or any(case.resumed_effects.get(name) for name in scenario.never_on_resume)
+                        case.broken or scenario.broken_by(dataclasses.replace(control, cases=[case]))
                         for case in control.cases
                     )
                 rows.append((name, ledger_name(ledger), scenario.name, kills, duplicates, control_kills, control_broke))

@@ -161,6 +161,8 @@ class Scenario:
     #: Side effects (``module:function``) that must not run in a case's resume, whatever the first run did
     #: before it was killed (a rejected call, an expired approval): the check fails if one did.
     never_on_resume: frozenset[str] = frozenset()
+    #: The kill points ``never_on_resume`` holds after (``None``: every point).
+    never_on_resume_after: frozenset[str] | None = None
     #: Side effects that run only with these arguments (by parameter name), an edit's: the run that is not
     #: killed must run each with them and no other (every case's other arguments are reported by the crash test).
     only_with: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
@@ -342,6 +344,10 @@ SCENARIOS: tuple[Scenario, ...] = (
         "decision instead of running it a second time on the same approval",
         case="1@inside",
         options={"needs_approval": True},
+        # Nobody answers in the resume: a second run there is one on the spent approval (the crash test alone
+        # would call it "in doubt, settled by policy").
+        never_on_resume=frozenset({f"{_MODULE}:refund_effect"}),
+        never_on_resume_after=frozenset({"inside", "after-return"}),
         control_case=f"{_MODULE}:refund_effect@after-return",
         needs=frozenset({"approvals"}),
     ),
@@ -612,6 +618,7 @@ def _never_ran(scenario: Scenario, report: CrashReport) -> str:
         for case in report.cases
         for name in sorted(scenario.never_on_resume)
         if case.resumed_effects.get(name)
+        and (scenario.never_on_resume_after is None or case.point in scenario.never_on_resume_after)
     ]
     return "".join(lines)
 
