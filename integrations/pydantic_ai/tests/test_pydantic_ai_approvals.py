@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -322,3 +322,92 @@ async def test_an_approval_handed_to_a_second_call_with_the_same_arguments_asks_
         assert lines(files["effects"]) == ["refund A1 30"]
     else:
         assert lines(files["effects"]) == ["refund A1 30"] * 2
+
+
+async def killed_once_decided(history: str, ledger_path: str, effects: str) -> None:
+    """In a child process: the saved history handed an approval, SIGKILLed once the approval is written (the
+    answer's marker left in doubt, the tool not run)."""
+
+    def kill_when_approved(event: replaysafe.Event) -> None:
+        if event.kind is replaysafe.EventKind.APPROVED:
+            kill_point("decided")
+
+    replaysafe.on_event(kill_when_approved)
+    with SqliteLedger(ledger_path) as ledger:
+        await answer_run(ledger, history, effects, {"approve": True}, protect=True)
+
+
+async def test_an_answer_recorded_before_a_crash_is_not_recorded_again(
+    files: dict[str, str], ledger: SqliteLedger, ledger_path: Path
+) -> None:
+    """Killed once the answer was written, resumed 16 minutes later with the same answer: the marker's rerun
+    does not record it again (which would renew the approval's expiry); the approval has expired."""
+    await ask(ledger, files["history"], files["effects"], protect=True)
+    killed = await asyncio.to_thread(
+        run_in_child, killed_once_decided, files["history"], str(ledger_path), files["effects"], kill_at="decided"
+    )
+    assert killed.killed
+    with SteppedClock(datetime.now(timezone.utc) + timedelta(minutes=16)), pytest.raises(ApprovalExpiredError):
+        await answer_run(ledger, files["history"], files["effects"], {"approve": True}, protect=True)
+    assert lines(files["effects"]) == []
+    [record] = [record for record in ledger.records() if record.tool_name == "refund_order"]
+    state = approvals.state(record.key, ledger=ledger)
+    assert state is not None
+    assert state.decision is not None
+    assert state.decision.by == "ana@example.com"  # the answer recorded before the crash, still on record
+
+
+async def test_a_call_the_model_asks_for_again_after_it_ran_is_deferred_then_replayed(
+    files: dict[str, str], ledger: SqliteLedger
+) -> None:
+    """A resume that asks the model again (the history saved before its response) gets the call it approved and
+    ran under the same ids: deferred again (nothing to record), and once handed the answer, replayed."""
+    await ask(ledger, files["history"], files["effects"], protect=True)
+    history = Path(files["history"])
+    saved = await asyncio.to_thread(history.read_bytes)
+    done = await answer_run(ledger, files["history"], files["effects"], {"approve": True}, protect=True)
+    assert done["output"] == "Refunded."
+    before_response = ModelMessagesTypeAdapter.validate_json(saved)[:1]  # the prompt: the model is asked again
+    agent = build(ledger, files["effects"], protect=True)
+    again = await agent.run(None, message_history=before_response, conversation_id=CONVERSATION)
+    assert isinstance(again.output, DeferredToolRequests)  # asked again, not a ValueError out of the capability
+    await asyncio.to_thread(history.write_bytes, ModelMessagesTypeAdapter.dump_json(again.all_messages()))
+    assert await answer_run(ledger, files["history"], files["effects"], {"approve": True}, protect=True) == done
+    assert lines(files["effects"]) == ["refund A1 30"]
+
+
+async def test_a_call_the_model_asks_for_again_with_other_arguments_is_refused(
+    files: dict[str, str], ledger: SqliteLedger, tmp_path: Path
+) -> None:
+    """Approved, the run failed before the tool ran; a resume asks the model again, which asks for the same call
+    (same ids) with other arguments: deferred again (not a ReplayMismatchError out of the capability), and once
+    handed the answer, refused (ApprovalMismatchError); nothing runs."""
+    flag = tmp_path / "fail"
+    flag.touch()
+    await ask(ledger, files["history"], files["effects"], protect=True)
+    history = Path(files["history"])
+    messages = ModelMessagesTypeAdapter.validate_json(await asyncio.to_thread(history.read_bytes))
+    with pytest.raises(RuntimeError, match="before the tool ran"):
+        await answer_run(
+            ledger, files["history"], files["effects"], {"approve": True}, protect=True, fail_once=str(flag)
+        )
+    replanned = [
+        ModelResponse(
+            parts=[
+                ToolCallPart(part.tool_name, {"order_id": "A1", "amount": 82000}, part.tool_call_id)
+                for part in message.tool_calls
+            ],
+            provider_response_id=message.provider_response_id,
+            provider_name=message.provider_name,
+        )
+        if isinstance(message, ModelResponse)
+        else message
+        for message in messages
+    ]
+    agent = build(ledger, files["effects"], protect=True)
+    again = await agent.run(None, message_history=replanned, conversation_id=CONVERSATION)
+    assert isinstance(again.output, DeferredToolRequests)
+    await asyncio.to_thread(history.write_bytes, ModelMessagesTypeAdapter.dump_json(again.all_messages()))
+    with pytest.raises(ApprovalMismatchError):
+        await answer_run(ledger, files["history"], files["effects"], {"approve": True}, protect=True)
+    assert lines(files["effects"]) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
@@ -234,7 +235,14 @@ class ReplaySafe(AbstractCapability[Any]):
             key = call_key(ctx, call)
             if all(key):
                 tool, arguments = self._asked(ctx, call)
-                await approvals.arequest(key, tool=tool, args=arguments, ledger=self.ledger)
+                try:
+                    await approvals.arequest(key, tool=tool, args=arguments, ledger=self.ledger)
+                except ReplayMismatchError:
+                    pass  # asked for with other arguments before (a re-plan under the same ids): its claim refuses
+                except ReplaySafeError:
+                    raise
+                except ValueError:
+                    pass  # it ran, runs or is in doubt (a resume asked the model again): its claim says what happens
         return None
 
     async def wrap_node_run(self, ctx: RunContext[Any], *, node: Any, handler: Any) -> Any:
@@ -270,6 +278,11 @@ class ReplaySafe(AbstractCapability[Any]):
         by = self.approver if isinstance(self.approver, str) else self.approver(ctx, call)
 
         async def decide() -> bool:
+            found = await asyncio.to_thread(approvals.state, key, ledger=self.ledger)
+            if found is not None and not found.waiting:
+                # Decided already (this answer, recorded before a crash left its marker in doubt; or a decision
+                # made in replaysafe), or run on one: recorded again, it would renew a decision or its expiry.
+                return True
             try:
                 if isinstance(answer, ToolDenied):
                     await approvals.areject(key, by=by, reason=answer.message or "denied", ledger=self.ledger)
