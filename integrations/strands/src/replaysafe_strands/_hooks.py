@@ -65,14 +65,16 @@ MISSING_IDS_FIX = (
 
 def session_thread_id(event: BeforeToolCallEvent) -> str | None:
     """The thread id of a call: ``invocation_state["thread_id"]``, else ``"<session id>/<agent id>"`` of an agent
-    with a session manager, else ``None`` (an agent without one has a random session id, new in every process)."""
+    whose session manager has a session id, else ``None``. The session id is the manager's: the agent's own is
+    random, new in every process, when it has no manager or its manager was given none."""
     given = event.invocation_state.get("thread_id")
     if isinstance(given, str) and given:
         return given
     agent = event.agent
-    if getattr(agent, "_session_manager", None) is None:
+    manager = getattr(agent, "_session_manager", None)
+    if manager is None:
         return None
-    session_id = getattr(agent, "session_id", None)
+    session_id = getattr(manager, "session_id", None)
     agent_id = getattr(agent, "agent_id", None)
     return f"{session_id}/{agent_id}" if session_id and agent_id else None
 
