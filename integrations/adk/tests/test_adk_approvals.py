@@ -6,6 +6,7 @@ crash is a real SIGKILL and a resume in a new process from ADK's SQLite session.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,59 @@ async def test_an_approval_that_expired_before_the_call_ran_is_refused(
     assert [event.reason for event in refused] == ["expired"]
     (record,) = [record for record in ledger.records() if record.tool_name == "refund_order"]
     assert record.status is Status.PAUSED
+
+
+#: Where the first process dies: the answer's approval is written in the call's record, the answer's own record (the
+#: plugin's ``adk_request_confirmation`` call) not yet.
+DECIDED = "the-answer-written-as-an-approval"
+
+
+async def decided_crash_child(ledger_path: str, sessions_path: str, effects_path: str, step: str, later: float) -> str:
+    """One process of the crash test, approvals living 60 seconds. ``start``: the user asks for the refund and
+    confirms it; the process is SIGKILLed once the approval is written. ``resume``: the invocation is resumed from
+    ADK's SQLite session on replaysafe's clock ``later`` seconds on (an outage); what it did is returned."""
+    effects = Path(effects_path)
+    with SqliteLedger(ledger_path) as ledger:
+
+        def refund_order(order_id: str, amount: int) -> str:
+            """Refund an order."""
+            with effects.open("a") as file:
+                file.write(f"{order_id}:{amount}\n")
+            return f"re_{order_id}"
+
+        tool = FunctionTool(refund_order, require_confirmation=True)
+        plugin = ReplaySafePlugin(ledger, approval_expires_in=60)
+        agent = Agent(ScriptedLlm(script=SCRIPT), [tool], [plugin], service=SqliteSessionService(sessions_path))
+        try:
+            if step == "start":
+                asked = await agent.send("Refund A1")
+                replaysafe.on_event(lambda event: kill_point(DECIDED) if event.kind is EventKind.APPROVED else None)
+                await agent.send(answer(asked, confirmed=True))
+                raise AssertionError("the agent was not killed once the approval was written")
+            with SteppedClock(datetime.now(UTC) + timedelta(seconds=later)):
+                try:
+                    resumed = await agent.resume()
+                except ApprovalExpiredError:
+                    return "expired"
+            return f"resumed: {[text for event in resumed for text in texts(event)]}"
+        finally:
+            await agent.close()
+
+
+@pytest.mark.parametrize(("later", "outcome"), [(0.0, "resumed: ['Refunded.']"), (120.0, "expired")])
+def test_an_answer_cut_off_while_recorded_is_not_recorded_again_on_resume(
+    tmp_path: Path, later: float, outcome: str
+) -> None:
+    """Killed once the approval was written and before the answer's own record: the resume takes the answer's record
+    over (in doubt) and ADK hands the call the same answer. The approval written stands, and is not recorded again as
+    a fresh one: resumed at once it runs the refund, once; resumed 120 seconds on, the 60-second approval has
+    expired (ApprovalExpiredError) and nothing runs, where an answer recorded again would approve it anew."""
+    effects = tmp_path / "effects.txt"
+    args = (str(tmp_path / "ledger.db"), str(tmp_path / "sessions.db"), str(effects))
+    assert run_in_child(decided_crash_child, *args, "start", later, kill_at=DECIDED, timeout=60).killed
+    assert not effects.exists()
+    assert run_in_child(decided_crash_child, *args, "resume", later, timeout=60).value == outcome
+    assert (effects.read_text().split() if effects.exists() else []) == (["A1:30"] if later == 0 else [])
 
 
 # --- (e) rejected ------------------------------------------------------------------------------------------------

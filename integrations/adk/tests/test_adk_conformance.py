@@ -1,6 +1,7 @@
-"""The conformance kit on Google ADK (tests/adk_conformance.py): every scenario holds with ``ReplaySafePlugin``
-and breaks without it, with real SIGKILLs and resumes of the saved invocation in child processes, on SQLite
-ledgers; the sibling case once more on PostgreSQL."""
+"""The conformance kit on Google ADK (tests/adk_conformance.py): every scenario that applies holds with
+``ReplaySafePlugin`` and breaks without it (or, for an approval's expiry or rejection, with the human or the clock
+changed), with real SIGKILLs and resumes of the saved invocation in child processes, on SQLite ledgers; the sibling
+case once more on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ def test_every_scenario_holds_with_the_plugin_and_breaks_without(scenario: confo
     held, control = conformance.check("adk_conformance:DRIVER", scenario)
     assert [case.case for case in held.cases] == [scenario.case]
     assert held.exit_code == 0
-    assert control.exit_code == 1
+    assert not scenario.broken_by(held)
+    assert scenario.broken_by(control)
 
 
 def test_the_sibling_case_holds_on_a_postgresql_ledger(postgres_ledger_url: str) -> None:
@@ -26,4 +28,5 @@ def test_the_sibling_case_holds_on_a_postgresql_ledger(postgres_ledger_url: str)
     held, control = conformance.check("adk_conformance:DRIVER", scenario, ledger=postgres_ledger_url)
     assert [case.case for case in held.cases] == [scenario.case]
     assert held.exit_code == 0
-    assert control.exit_code == 1
+    assert not scenario.broken_by(held)
+    assert scenario.broken_by(control)

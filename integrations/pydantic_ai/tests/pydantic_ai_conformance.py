@@ -32,7 +32,7 @@ from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 
-from replaysafe import ApprovalExpiredError, ApprovalMismatchError, ApprovalRequiredError
+from replaysafe import ApprovalExpiredError, ApprovalRequiredError, ReplayMismatchError
 from replaysafe.testing.conformance import APPROVER, AgentRun
 from replaysafe_pydantic_ai import ReplaySafe
 from replaysafe_pydantic_ai.testing import scripted_model
@@ -40,8 +40,13 @@ from replaysafe_pydantic_ai.testing import scripted_model
 PROMPT = "Handle order A1 for ana@example.com"
 #: What the app tells the model of a call its human rejected (``ToolDenied``).
 REJECTED = "rejected by its human"
-#: The adapter's refusals of the answer a call is handed: the run ends, the call waiting for a new decision.
-WAITING = (ApprovalRequiredError, ApprovalMismatchError, ApprovalExpiredError)
+#: The adapter's refusals of the answer a call is handed (a mismatch: other arguments than approved, or than run
+#: under the key): the run ends, the call waiting for a new decision.
+WAITING = (
+    ApprovalRequiredError,
+    ReplayMismatchError,
+    ApprovalExpiredError,
+)
 
 #: A kept answer, as JSON: ``{"approve": bool, "args": {...} | None}``.
 Answer = dict[str, Any]

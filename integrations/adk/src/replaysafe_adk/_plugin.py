@@ -51,6 +51,7 @@ from replaysafe import (
     CallKey,
     Ledger,
     approvals,
+    current_call_or_none,
     is_replay_safe,
     replay_safe,
     tool_call,
@@ -262,6 +263,14 @@ class ReplaySafePlugin(BasePlugin):
     ) -> str:
         """Record the human's decision in the paused call's record: what the call then runs on, once."""
         key = CallKey(*call)
+        recording = current_call_or_none()
+        if recording is not None and recording.attempt > 1:
+            # An earlier attempt to record this answer was cut off (a crash), maybe once it had written the decision:
+            # the call keeps what it has. Recorded again, the answer would be a fresh decision (an approval spent,
+            # or expired by replaysafe's clock, approved anew). Only a call still undecided records it.
+            known = approvals.state(key, ledger=self.ledger)
+            if known is not None and (known.decision is not None or known.spent is not None or known.may_have_run):
+                return known.decision.decision if known.decision is not None else decision
         try:
             if decision == "rejected":
                 await approvals.areject(key, by=by, reason=REJECTED_REASON, ledger=self.ledger)
