@@ -26,9 +26,9 @@ from typing import Any
 from replaysafe import (
     CONTROL_ERRORS,
     ApprovalExpiredError,
-    ApprovalMismatchError,
     ApprovalRejectedError,
     ApprovalRequiredError,
+    ReplayMismatchError,
     approvals,
     replay_safe,
     tool_call,
@@ -90,7 +90,7 @@ class LoopDriver:
             options.pop("needs_approval", None)
         protected = replay_safe(ledger=run.ledger, name=name, **options)(tool) if run.protect else tool
         if needs_approval:
-            answer = self._answer(run, key, place)
+            answer = self._answer(run, key, place, args)
             if run.protect:
                 self._record(run, key, protected, args, answer)
             elif not answer["approve"]:
@@ -111,15 +111,17 @@ class LoopDriver:
             return self._call(run, key, place, name, args)
         except ApprovalRejectedError:
             return {"error": "rejected by its human"}  # the rejection recorded, answered as the framework does
-        except (ApprovalRequiredError, ApprovalMismatchError, ApprovalExpiredError):
-            raise _Waiting from None  # the adapter refused the answer it has: the call waits for a new decision
+        except (ApprovalRequiredError, ReplayMismatchError, ApprovalExpiredError):
+            # The adapter refused the answer it has (another call's, expired, spent, or for other arguments than
+            # those approved or run under this key): nothing ran, and the call waits for a new decision.
+            raise _Waiting from None
         except CONTROL_ERRORS:
             raise  # replaysafe's own other refusals stop the run
         except Exception as exc:  # the model reads the tool's error, as a framework hands it over
             return {"error": type(exc).__name__}
 
     @staticmethod
-    def _answer(run: AgentRun, key: tuple[str, str, str], place: str) -> dict[str, Any]:
+    def _answer(run: AgentRun, key: tuple[str, str, str], place: str, args: dict[str, Any]) -> dict[str, Any]:
         """The framework's approval flow: the answer it kept for the call's place, else its human's, kept
         (with the call it was given for) before anything else happens."""
         path = run.folder / "approvals.json"
@@ -128,7 +130,7 @@ class LoopDriver:
             if run.approver is None:
                 raise _Waiting
             decided = run.approval
-            kept[place] = {"call": list(key), "approve": decided.approve, "args": decided.args}
+            kept[place] = {"call": list(key), "asked": args, "approve": decided.approve, "args": decided.args}
             path.write_text(json.dumps(kept))
         return kept[place]
 
@@ -143,7 +145,8 @@ class LoopDriver:
         state = approvals.state(key, ledger=run.ledger)
         if state is not None and not state.waiting:
             return  # decided already (the answer was recorded before a crash), or run on it
-        approvals.request(key, tool=protected, args=args, ledger=run.ledger)
+        # Asked with the arguments the human saw, not the call's: a call asked again with others is refused.
+        approvals.request(key, tool=protected, args=answer["asked"], ledger=run.ledger)
         if answer["approve"]:
             expires = {} if run.approval_expires_in is None else {"expires_in": run.approval_expires_in}
             approvals.approve(key, by=APPROVER, args=answer["args"], ledger=run.ledger, **expires)

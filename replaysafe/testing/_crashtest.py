@@ -295,6 +295,8 @@ class _Runner:
         self.namespace = f"rs_crashtest_{uuid.uuid4().hex[:8]}"
         self._opened: list[str] = []
         self._lock = threading.Lock()
+        #: How often the agent is started after the crash (``crashtest(restarts=...)``).
+        self.restarts = 1
 
     def ledger_url(self, folder: Path, number: int) -> str:
         """The case's own ledger: a SQLite file in its directory, or a table or key prefix of its own on a
@@ -347,7 +349,9 @@ class _Runner:
         lines = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()] if log.exists() else []
         if run == "discover":
             self.modules = next((line["names"] for line in lines if line["kind"] == "modules"), None)
-        return _Run([line for line in lines if line["run"] == run], code, output.read_text(errors="replace"))
+        # A run that never got as far as opening its output (its process could not start) has none.
+        printed = output.read_text(errors="replace") if output.exists() else ""
+        return _Run([line for line in lines if line["run"] == run], code, printed)
 
     def clean(self) -> None:
         """Remove what the cases wrote on a server ledger (their records; a table stays, empty)."""
@@ -597,13 +601,16 @@ def crashtest(
     cwd: str | Path | None = None,
     env: Mapping[str, str] | None = None,
     progress: Callable[[int, int, int], None] | None = None,
+    restarts: int = 1,
 ) -> CrashReport:
     """Crash-test the agent ``entry`` (``path/to/file.py:function`` or ``package.module:function``).
 
     See ``docs/crashtest.md``. Raises ``CrashTestError`` when it cannot test (exit code 2).
     ``case`` (``"N@point"``, or ``"effect@after-return"``) runs that one case alone and keeps its
     directory; ``keep`` keeps every case's directory. ``env``: variables added to the environment of
-    every run of the agent.
+    every run of the agent. ``restarts``: how often the agent is started after the crash: the resume, then
+    (above 1) further starts with nothing killed, which must run nothing (an agent that is done, or waits
+    for its human, does nothing when started again).
     """
     started = time.monotonic()
     unknown = sorted(set(points) - set(POINTS))
@@ -611,9 +618,10 @@ def crashtest(
         raise CrashTestError(f"unknown kill point(s) {', '.join(unknown)}: choose from {', '.join(POINTS)}")
     if policy not in (None, "rerun", "raise"):
         raise CrashTestError(f"--policy must be rerun or raise, got {policy!r}")
-    if jobs < 1 or timeout <= 0:
-        raise CrashTestError("--jobs must be 1 or more and --timeout more than 0 seconds")
+    if jobs < 1 or timeout <= 0 or restarts < 1:
+        raise CrashTestError("--jobs and restarts must be 1 or more and --timeout more than 0 seconds")
     runner = _Runner(entry, ledger, policy, effects, timeout, Path(cwd or Path.cwd()), env or {})
+    runner.restarts = restarts
     if ledger is not None:
         scheme = urllib.parse.urlsplit(ledger).scheme.lower().partition("+")[0]
         if scheme != "sqlite" and scheme not in _NAMESPACES:
@@ -753,6 +761,22 @@ def _run_case(
     else:
         resumed = runner.run(folder, "resume", url)
         ran, expected, verdict, details = _verdict(call, effect, crashed, resumed, report)
+        for number in range(2, runner.restarts + 1):
+            if verdict in _UNTESTED:
+                break
+            again = runner.run(folder, f"restart-{number}", url)
+            made = Counter(line["name"] for line in again.lines if line["kind"] == "effect")
+            made.update(line["tool"] for line in again.lines if line["kind"] == "event" and line["event"] == "started")
+            if made:
+                verdict = DUPLICATE
+                details.append(
+                    f"started once more after its resume (start {number} after the crash, nothing killed), the "
+                    f"agent ran {', '.join(f'{name} {count} time(s)' for name, count in sorted(made.items()))}: "
+                    "an agent that is done, or waits for its human, runs nothing when started again"
+                )
+            elif _ended(again) != _ended(resumed):  # the resume's own outcome again (CallInDoubtError under raise)
+                verdict = verdict if verdict in _BROKEN else RESUME_FAILED
+                details.append(f"started once more after its resume (start {number}): {again.failure()}")
         result = CaseResult(name, tool, key, point, ran, expected, verdict, details, reproduce)
         result.effects = dict(_tally(crashed.lines + resumed.lines).effects)
         result.resumed_effects = dict(_tally(resumed.lines).effects)
@@ -762,6 +786,14 @@ def _run_case(
     else:
         shutil.rmtree(folder, ignore_errors=True)
     return result
+
+
+def _ended(run: _Run) -> str | None:
+    """How a run ended: ``None`` when its entry point returned, else its error's type or how the process ended."""
+    outcome = run.outcome
+    if run.returncode is not None and outcome is not None and outcome["ok"]:
+        return None
+    return str((outcome or {}).get("error_type") or run.failure())
 
 
 def _reproduce(runner: _Runner, case: str) -> str:

@@ -163,6 +163,12 @@ class Scenario:
     never_on_resume: frozenset[str] = frozenset()
     #: The kill points ``never_on_resume`` holds after (``None``: every point).
     never_on_resume_after: frozenset[str] | None = None
+    #: Side effects that must not run at all, in any run (a rejected call's).
+    never_runs: frozenset[str] = frozenset()
+    #: Whether a case's resume may end waiting for its human with work of the run that was not killed left
+    #: undone (an approval refused on resume). Otherwise every side effect that run made is made across the
+    #: killed run and its resume: a resume that gives up early fails the check.
+    resume_may_wait: bool = False
     #: Side effects that run only with these arguments (by parameter name), an edit's: the run that is not
     #: killed must run each with them and no other (every case's other arguments are reported by the crash test).
     only_with: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
@@ -364,6 +370,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         options={"needs_approval": True},
         control_case=f"{_MODULE}:refund_effect@after-return",
         needs=frozenset({"approvals"}),
+        resume_may_wait=True,
     ),
     Scenario(
         "approval_edited",
@@ -387,8 +394,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         approval_expires_in=60.0,
         resume_after=120.0,
         never_on_resume=frozenset({f"{_MODULE}:refund_effect"}),
+        # Killed before the decision was written, the answer is recorded on resume, and an approval holds from
+        # when it is recorded: it may run then.
+        never_on_resume_after=frozenset({"decided", "inside", "after-return", "after-record"}),
         control_run={"approval_expires_in": 3600.0},
         needs=frozenset({"approvals"}),
+        resume_may_wait=True,
     ),
     Scenario(
         "approval_rejected",
@@ -399,6 +410,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         options={"needs_approval": True},
         approval=ApprovalAnswer(approve=False),
         never_on_resume=frozenset({f"{_MODULE}:refund_effect"}),
+        never_runs=frozenset({f"{_MODULE}:refund_effect"}),
         control_run={"approval": ApprovalAnswer(approve=True)},
         needs=frozenset({"approvals"}),
     ),
@@ -412,6 +424,10 @@ SCENARIOS: tuple[Scenario, ...] = (
         options={"needs_approval": True},
         control_case=f"{_MODULE}:refund_effect@after-return",
         needs=frozenset({"approvals"}),
+        resume_may_wait=True,  # killed before the first call ran, the second waits for its own decision
+        # ... and runs nothing: nobody answers it in the resume (the first call's answer is not its own).
+        never_on_resume=frozenset({f"{_MODULE}:refund_effect"}),
+        never_on_resume_after=frozenset({"before", "decided"}),
     ),
     Scenario(
         "missing_ids",
@@ -551,6 +567,7 @@ def _crashtest(
         case=case,
         keep=False,
         timeout=120,
+        restarts=2,  # a start after the resume must run nothing: an answer recorded twice shows only then
         env={RUN_ENV: json.dumps(spec), _forkserver.GROUP_ENV: driver},  # each driver's framework imported once
     )
 
@@ -575,7 +592,12 @@ def check(
             f"{scenario.name}: {scenario.promise}; with the adapter, {scenario.runs_unprotected} was protected under "
             f"ids of its own, though the framework gave none: {exc}"
         ) from None
-    ran = _never_ran(scenario, held) + _other_arguments(scenario, held) + _not_said_unprotected(scenario, held)
+    ran = (
+        _never_ran(scenario, held)
+        + _other_arguments(scenario, held)
+        + _not_said_unprotected(scenario, held)
+        + _left_undone(scenario, held)
+    )
     if (held.exit_code != 0 and scenario.runs_unprotected is None) or ran:
         raise ConformanceError(f"{scenario.name}: {scenario.promise}; with the adapter:\n{held.table()}{ran}")
     with_adapter = scenario.control is not None or scenario.control_run is not None
@@ -612,8 +634,21 @@ def check(
 
 
 def _never_ran(scenario: Scenario, report: CrashReport) -> str:
-    """What ran of the scenario's ``never_on_resume`` effects in each case of ``report`` ("" when nothing did)."""
+    """What ran of the scenario's ``never_on_resume`` effects in each case of ``report``, and of its ``never_runs``
+    effects in any run ("" when nothing did)."""
     lines = [
+        f"\n  `{name}` ran {report.baseline.effects[name]} time(s) in the run that was not killed, which this case "
+        "forbids"
+        for name in sorted(scenario.never_runs)
+        if report.baseline.effects.get(name)
+    ]
+    lines += [
+        f"\n  case {case.case}: `{name}` ran {case.effects[name]} time(s), which this case forbids"
+        for case in report.cases
+        for name in sorted(scenario.never_runs)
+        if case.effects.get(name)
+    ]
+    lines += [
         f"\n  case {case.case}: `{name}` ran {case.resumed_effects[name]} time(s) on resume, which this case forbids"
         for case in report.cases
         for name in sorted(scenario.never_on_resume)
@@ -638,6 +673,21 @@ def _not_said_unprotected(scenario: Scenario, report: CrashReport) -> str:
     return "".join(lines) if lines or report.cases else f"\n  no case ran: {tool} was never run"
 
 
+def _left_undone(scenario: Scenario, report: CrashReport) -> str:
+    """Each case whose two runs made fewer of a side effect than the run that was not killed ("" when none did,
+    or the scenario's resume may wait)."""
+    if scenario.resume_may_wait:
+        return ""
+    lines = [
+        f"\n  case {case.case}: `{name}` ran {case.effects.get(name, 0)} time(s) across the killed run and its "
+        f"resume, where the run that was not killed ran it {count}: the resume left work undone"
+        for case in report.cases
+        for name, count in sorted(report.baseline.effects.items())
+        if case.effects.get(name, 0) < count
+    ]
+    return "".join(lines)
+
+
 def _other_arguments(scenario: Scenario, report: CrashReport) -> str:
     """Where the run that was not killed ran an ``only_with`` effect with other arguments ("" when it did not)."""
     lines = []
@@ -648,6 +698,11 @@ def _other_arguments(scenario: Scenario, report: CrashReport) -> str:
             lines.append(
                 f"\n  the run that was not killed ran `{name}` with {len(ran - {wanted})} other set(s) of arguments"
                 f"{'' if wanted in ran else ', and never with the approved ones'}"
+            )
+        elif report.baseline.effect_args[name, wanted] != 1:
+            lines.append(
+                f"\n  the run that was not killed ran `{name}` {report.baseline.effect_args[name, wanted]} times "
+                "with the approved arguments, where they approve one run"
             )
     return "".join(lines)
 
