@@ -193,3 +193,13 @@ def approved_by_its_human() -> None:
                 refund_order(order)
 
         _loop(refund_once_approved)
+
+
+def refunds_again_when_started_once_more() -> None:
+    """A protected agent that, started a third time after it was done, refunds the first order again under new
+    ids (a kept answer applied twice, a cleanup that redoes work)."""
+    boot = _boot()
+    protected()
+    if boot == 3:
+        with open_ledger(os.environ["REPLAYSAFE_LEDGER_URL"]) as ledger, tool_call("thread-1", "msg_again", "call_1"):
+            _refund_tool(ledger)("A1")

@@ -252,6 +252,20 @@ def test_an_approved_call_is_killed_once_its_decision_is_written_not_while_it_is
     assert verdicts(report)["1@decided"] == (1, "holds")  # killed with the approval written and unspent: runs once
 
 
+def test_a_start_after_the_resume_must_run_nothing() -> None:
+    """With restarts=2 each case starts the agent once more after its resume, nothing killed: a done agent that
+    refunds again then is a duplicate. With one restart (the default) that start is not made."""
+    once = run("refunds_again_when_started_once_more", case="1@after-record")
+    assert verdicts(once) == {"1@after-record": (1, "holds")}
+    twice = run("refunds_again_when_started_once_more", case="1@after-record", restarts=2)
+    assert verdicts(twice) == {"1@after-record": (1, "DUPLICATE")}
+    assert twice.cases[0].details == [
+        "started once more after its resume (start 2 after the crash, nothing killed), the agent ran "
+        "crashtest_agents.py:bank_refund 1 time(s), refund_order 1 time(s): an agent that is done, or waits for its "
+        "human, runs nothing when started again"
+    ]
+
+
 def test_postgres_scheme_cases_get_their_own_tables_and_the_users_records_stay(postgres_url: str) -> None:
     from replaysafe import CallKey, open_ledger, replay_safe, tool_call
 

@@ -774,7 +774,8 @@ def _run_case(
                     f"agent ran {', '.join(f'{name} {count} time(s)' for name, count in sorted(made.items()))}: "
                     "an agent that is done, or waits for its human, runs nothing when started again"
                 )
-            elif _ended(again) != _ended(resumed):  # the resume's own outcome again (CallInDoubtError under raise)
+            elif _ended(resumed) is None and _ended(again) is not None:
+                # (After a resume that raised, as under ``raise``, what the next start does is the operator's.)
                 verdict = verdict if verdict in _BROKEN else RESUME_FAILED
                 details.append(f"started once more after its resume (start {number}): {again.failure()}")
         result = CaseResult(name, tool, key, point, ran, expected, verdict, details, reproduce)
