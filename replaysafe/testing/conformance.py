@@ -736,7 +736,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             print(f"FAIL {exc}\n")
             continue
-        broke = sum(case.broken for case in control.cases)
+        broke = sum(scenario.broken_by(dataclasses.replace(control, cases=[case])) for case in control.cases)
         print(f"ok   {scenario.name}: {len(held.cases)} case(s) held; the control broke {broke}")
     return 1 if failed else 0
 
