@@ -202,21 +202,39 @@ class RedisClusterNodes:
         self.url = f"redis://127.0.0.1:{self.ports[0][0]}"
         self._processes: list[subprocess.Popen[bytes]] = []
 
+    def _node(self, port: int, bus: int) -> subprocess.Popen[bytes]:
+        assert self.server is not None
+        home = self.dir / str(port)
+        home.mkdir()
+        return subprocess.Popen(
+            [self.server, "--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
+             "--cluster-enabled", "yes", "--cluster-config-file", str(home / "nodes.conf"),
+             "--cluster-node-timeout", "5000", "--save", "", "--appendonly", "no", "--dir", str(home),
+             "--logfile", str(home / "log")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
     def start(self) -> None:
         assert self.server is not None and self.cli is not None
-        for port, bus in self.ports:
-            home = self.dir / str(port)
-            home.mkdir()
-            self._processes.append(
-                subprocess.Popen(
-                    [self.server, "--port", str(port), "--cluster-port", str(bus), "--bind", "127.0.0.1",
-                     "--cluster-enabled", "yes", "--cluster-config-file", str(home / "nodes.conf"),
-                     "--cluster-node-timeout", "5000", "--save", "", "--appendonly", "no", "--dir", str(home),
-                     "--logfile", str(home / "log")],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
+        for index, (port, bus) in enumerate(self.ports):
+            # A port found free may be taken before the node binds it (by another test's server, or as the local
+            # port of some process's outgoing connection: free ports are ephemeral ones): a node that exits at
+            # once is started again on other ports.
+            for _ in range(5):
+                process = self._node(port, bus)
+                _wait_until(
+                    lambda port=port, process=process: (
+                        process.poll() is not None or redis_answers(f"redis://127.0.0.1:{port}")
+                    ),
+                    f"redis-server on port {port}",
                 )
-            )  # fmt: skip
+                if process.poll() is None:
+                    break
+                port, bus = free_port(), free_port()
+            self._processes.append(process)
+            self.ports[index] = (port, bus)
+        self.url = f"redis://127.0.0.1:{self.ports[0][0]}"
         for port, _ in self.ports:
             _wait_until(lambda port=port: redis_answers(f"redis://127.0.0.1:{port}"), f"redis-server on port {port}")
         nodes = [f"127.0.0.1:{port}" for port, _ in self.ports]
