@@ -277,9 +277,12 @@ class _Runner:
         timeout: float,
         cwd: Path,
         env: Mapping[str, str],
+        restarts: int = 1,
     ) -> None:
         self.entry, self.ledger, self.policy, self.effects = entry, ledger, policy, list(effects)
         self.timeout, self.cwd = timeout, cwd
+        #: How often the agent is started after the crash (``crashtest(restarts=...)``).
+        self.restarts = restarts
         # What every run gets: the caller's variables, and this process's import path (as run_in_child gives
         # it), so that what imports here imports there too (a test's helper module, a driver).
         self.env = {**os.environ, **env, _case.SYS_PATH_ENV: json.dumps(sys.path)}
@@ -295,8 +298,6 @@ class _Runner:
         self.namespace = f"rs_crashtest_{uuid.uuid4().hex[:8]}"
         self._opened: list[str] = []
         self._lock = threading.Lock()
-        #: How often the agent is started after the crash (``crashtest(restarts=...)``).
-        self.restarts = 1
 
     def ledger_url(self, folder: Path, number: int) -> str:
         """The case's own ledger: a SQLite file in its directory, or a table or key prefix of its own on a
@@ -462,7 +463,7 @@ def _keys(lines: Iterable[dict[str, Any]]) -> set[Key]:
 
 
 def _verdict(
-    target: Call | None, effect: str | None, crashed: _Run, resumed: _Run, report: CrashReport
+    target: Call | None, effect: str | None, crashed: _Run, resumed: _Run, report: CrashReport, done: _Tally
 ) -> tuple[int, str, str, list[str]]:
     """What the two runs of a case did against what the promise allows: (ran, expected, verdict, details).
 
@@ -472,7 +473,7 @@ def _verdict(
     doubt on resume (its policy ran it again). Counted three ways, so that a call made again under new ids
     is caught too: per call key, per tool, and per marked side effect.
     """
-    base, done = report.baseline, _tally(crashed.lines + resumed.lines)
+    base = report.baseline  # ``done``: what the two runs did (``_tally`` of their lines)
     in_doubt = _keys(line for line in resumed.lines if line["kind"] == "event" and line["event"] == "in_doubt")
     claimed_then = _keys(line for line in crashed.lines if line["kind"] == "point" and line["point"] == BEFORE)
     # A paused record is no outcome: the call runs again (on its resume, or on an approval).
@@ -620,8 +621,7 @@ def crashtest(
         raise CrashTestError(f"--policy must be rerun or raise, got {policy!r}")
     if jobs < 1 or timeout <= 0 or restarts < 1:
         raise CrashTestError("--jobs and restarts must be 1 or more and --timeout more than 0 seconds")
-    runner = _Runner(entry, ledger, policy, effects, timeout, Path(cwd or Path.cwd()), env or {})
-    runner.restarts = restarts
+    runner = _Runner(entry, ledger, policy, effects, timeout, Path(cwd or Path.cwd()), env or {}, restarts)
     if ledger is not None:
         scheme = urllib.parse.urlsplit(ledger).scheme.lower().partition("+")[0]
         if scheme != "sqlite" and scheme not in _NAMESPACES:
@@ -760,7 +760,8 @@ def _run_case(
         result = CaseResult(name, tool, key, point, 0, "", NOT_REACHED, details + _tail(crashed), reproduce)
     else:
         resumed = runner.run(folder, "resume", url)
-        ran, expected, verdict, details = _verdict(call, effect, crashed, resumed, report)
+        done = _tally(crashed.lines + resumed.lines)
+        ran, expected, verdict, details = _verdict(call, effect, crashed, resumed, report, done)
         for number in range(2, runner.restarts + 1):
             if verdict in _UNTESTED:
                 break
@@ -779,7 +780,7 @@ def _run_case(
                 verdict = verdict if verdict in _BROKEN else RESUME_FAILED
                 details.append(f"started once more after its resume (start {number}): {again.failure()}")
         result = CaseResult(name, tool, key, point, ran, expected, verdict, details, reproduce)
-        result.effects = dict(_tally(crashed.lines + resumed.lines).effects)
+        result.effects = dict(done.effects)
         result.resumed_effects = dict(_tally(resumed.lines).effects)
     result.seconds = time.monotonic() - started
     if keep or result.broken or result.untested:
