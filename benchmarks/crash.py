@@ -12,7 +12,6 @@ promise none (a held case that broke), and writes the table to ``--out`` (defaul
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import os
 import sys
@@ -90,10 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                     if scenario.runs_unprotected is None:  # else it runs unprotected, as documented
                         duplicates += sum(case.broken for case in held.cases)
                     control_kills += len(control.cases)
-                    control_broke += sum(
-                        case.broken or scenario.broken_by(dataclasses.replace(control, cases=[case]))
-                        for case in control.cases
-                    )
+                    control_broke += scenario.cases_broken(control)
                 rows.append((name, ledger_name(ledger), scenario.name, kills, duplicates, control_kills, control_broke))
                 totals.update(kills=kills, duplicates=duplicates, control=control_kills, broke=control_broke)
                 print(

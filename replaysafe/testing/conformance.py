@@ -194,6 +194,10 @@ class Scenario:
             return bool(_not_said_unprotected(self, report))
         return report.exit_code == 1 or bool(_never_ran(self, report))
 
+    def cases_broken(self, report: CrashReport) -> int:
+        """How many cases of ``report`` break this scenario's promise, each judged alone (``broken_by``)."""
+        return sum(self.broken_by(dataclasses.replace(report, cases=[case])) for case in report.cases)
+
 
 # --- the scenarios' tools: marked side effects, importable by the child processes -----------------
 
@@ -738,7 +742,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed += 1
             print(f"FAIL {exc}\n")
             continue
-        broke = sum(scenario.broken_by(dataclasses.replace(control, cases=[case])) for case in control.cases)
+        broke = scenario.cases_broken(control)
         print(f"ok   {scenario.name}: {len(held.cases)} case(s) held; the control broke {broke}")
     return 1 if failed else 0
 
