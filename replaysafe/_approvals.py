@@ -99,9 +99,14 @@ class CallState:
     spent: Approval | None = None
     #: An attempt ran on an approval and did not finish: its side effect may have happened.
     may_have_run: bool = False
+    #: The ids of the answers written as decisions on the call (``approve(answer=...)``), oldest first: an
+    #: answer handed back again (a framework that replays its human's answer after a crash) decides nothing.
+    answers: tuple[str, ...] = ()
 
     def text(self) -> str:
         data: dict[str, Any] = {"steps": list(self.steps), "requested": self.requested}
+        if self.answers:
+            data["answers"] = list(self.answers)
         if self.decision is not None:
             data["decision"] = self.decision.to_data()
         if self.spent is not None:
@@ -113,7 +118,7 @@ class CallState:
     @property
     def plain(self) -> bool:
         """Whether it says nothing of approvals (steps at most: the older text says that much)."""
-        return not (self.requested or self.decision or self.spent or self.may_have_run)
+        return not (self.requested or self.decision or self.spent or self.may_have_run or self.answers)
 
 
 def parse_state(text: str) -> CallState | None:
@@ -124,12 +129,16 @@ def parse_state(text: str) -> CallState | None:
         if not isinstance(steps, list) or not all(type(name) is str for name in steps):
             return None
         decision, spent = data.get("decision"), data.get("spent")
+        answers = data.get("answers", [])
+        if not isinstance(answers, list) or not all(type(answer) is str for answer in answers):
+            return None
         return CallState(
             steps=tuple(steps),
             requested=bool(data.get("requested", False)),
             decision=None if decision is None else Approval.from_data(decision),
             spent=None if spent is None else Approval.from_data(spent),
             may_have_run=bool(data.get("may_have_run", False)),
+            answers=tuple(answers),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None

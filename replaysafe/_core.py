@@ -275,6 +275,8 @@ class Run:
     approval: Approval | None = None
     #: Whether the call runs only on an approval (kept in its record if it does not finish).
     gated: bool = False
+    #: The ids of the answers decided on the call so far (kept in its record if it does not finish).
+    answers: tuple[str, ...] = ()
 
 
 class Reconcile(NamedTuple):
@@ -543,8 +545,8 @@ def _state_text(run: Run, status: Status) -> str | None:
     names = _steps_made(run.call)
     if run.approval is not None or run.gated:
         spent = run.approval
-        state = CallState(tuple(names), True, spent=spent, may_have_run=spent is not None and status is Status.IN_DOUBT)
-        return state.text()
+        may_have_run = spent is not None and status is Status.IN_DOUBT
+        return CallState(tuple(names), True, spent=spent, may_have_run=may_have_run, answers=run.answers).text()
     return STEPS_PREFIX + json.dumps(names) if names else None
 
 
@@ -708,7 +710,7 @@ def _protocol(
                 granted = _granted(spec, host, record, state, args_digest, mismatched, now)  # raises if refused
                 # One compare-and-set takes the call over and spends the approval: two workers, or a
                 # retry, cannot both run on it; the running record says it ran on it, crash or not.
-                running = CallState(state.steps, True, spent=granted.approval)
+                running = CallState(state.steps, True, spent=granted.approval, answers=state.answers)
                 digest = granted.args_digest
                 spend = Takeover(
                     record,
@@ -741,7 +743,7 @@ def _protocol(
                     sealer,
                     steps,
                 )
-                decision.approval = granted.approval
+                decision.approval, decision.answers = granted.approval, state.answers
                 break
             if mismatched:
                 _report_mismatch(spec, host, record, args_digest)
@@ -784,7 +786,7 @@ def _protocol(
                 owned = _run(
                     spec, scope, taken.attempt, args, kwargs, owner, timeout, host, lease, args_digest, sealer, steps
                 )
-                owned.approval, owned.gated = state.spent, gated
+                owned.approval, owned.gated, owned.answers = state.spent, gated, state.answers
                 answer = yield from _reconcile(spec, policy, owned, record.attempt)
                 if answer is not RERUN:
                     decision = Replay(answer)
@@ -1127,7 +1129,7 @@ def _ask_approval(
     is taken over into a paused one, and a ``None`` return means it changed meanwhile (look again)."""
     key = record.key
     may_have_run = state.may_have_run or state.spent is not None
-    paused = CallState(state.steps, True, may_have_run=may_have_run)
+    paused = CallState(state.steps, True, may_have_run=may_have_run, answers=state.answers)
     text = _sealed(sealer, key, spec.name, record.args_digest, _PAUSED, paused.text())
     if claimed:
         yield new_tuple(Complete, (key, owner, _PAUSED, text, host.now()))
@@ -1172,7 +1174,7 @@ def _pause_for_approval(spec: ToolSpec, owned: Run, taken: Record, state: CallSt
     not a finishing write: a paused record that says an attempt may have run never expires."""
     key, host = owned.call.key, owned.host
     may_have_run = state.may_have_run or state.spent is not None
-    paused = CallState(state.steps, True, may_have_run=may_have_run)
+    paused = CallState(state.steps, True, may_have_run=may_have_run, answers=state.answers)
     text = _sealed(owned.sealer, key, spec.name, taken.args_digest, _PAUSED, paused.text())
     now = host.now()
     yield from _take_over(Takeover(taken, owned.owner or "", now, now, _PAUSED, text))
@@ -1277,7 +1279,8 @@ def _carried(
     """A takeover's last fields for a call that runs only on an approval, taken over to ask its
     reconciler: its record keeps its approval state, crash or not."""
     spent = state.spent
-    kept = CallState(state.steps, True, spent=spent, may_have_run=state.may_have_run or spent is not None)
+    may_have_run = state.may_have_run or spent is not None
+    kept = CallState(state.steps, True, spent=spent, may_have_run=may_have_run, answers=state.answers)
     key, digest = record.key, record.args_digest
     return (
         _RUNNING,
@@ -1691,11 +1694,17 @@ def decide(
     sealer: Sealer | None,
     owner: str,
     host: Host,
+    answer: str | None = None,
 ) -> Generator[Effect, Any, Record]:
     """Record an approver's decision on the paused call ``key``: ``approval(record, now)`` builds it from
     what the approver decided on (the record's tool and argument digest). One compare-and-set of the
     record, so a decision made meanwhile by another approver, or a run, is never overwritten. A new
-    decision replaces one not yet spent. Returns the new record."""
+    decision replaces one not yet spent. Returns the new record.
+
+    ``answer``: the id of the human's answer the decision comes from. The record keeps the ids it was
+    decided on until the call finishes; an answer whose id it keeps decides nothing (the record is
+    returned as it is), so a framework that hands its human's answer back after a crash cannot renew a
+    spent or expired approval with it."""
     record: Record | None = yield Get(key)
     if record is None:
         raise LookupError(
@@ -1703,6 +1712,10 @@ def decide(
             "(@replay_safe(needs_approval=True), or a pause); see the paused calls with replaysafe ledger list "
             "--status paused"
         )
+    if answer is not None and record.status is not _COMPLETED and record.status is not _FAILED:
+        known = call_state(record, unsealed(record.result) if sealer is None else sealer.open(record))
+        if answer in known.answers:
+            return record  # decided on this answer already: it is not a new decision
     if record.status is not _PAUSED:
         raise ValueError(
             f"{describe(record.tool_name, key)} is {record.status}, not paused: only a paused call waits for a "
@@ -1714,7 +1727,8 @@ def decide(
     # Bound to the record it is written into (the takeover's attempt): a copy of it restored in the store
     # once it is spent (the record has moved on) is refused.
     decided = dataclasses.replace(approval(record, now), attempt=record.attempt + 1)
-    new = dataclasses.replace(state, requested=True, decision=decided)
+    answers = state.answers if answer is None else (*state.answers, answer)
+    new = dataclasses.replace(state, requested=True, decision=decided, answers=answers)
     sealed = _sealed(sealer, key, record.tool_name, record.args_digest, _PAUSED, new.text())
     taken: Record | None = yield from _take_over(Takeover(record, owner, now, now, _PAUSED, sealed))
     if taken is None:

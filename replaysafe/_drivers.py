@@ -546,16 +546,20 @@ async def arequest_by_hand(ledger: Ledger, key: CallKey, tool_name: str, args_di
     return requested
 
 
-def decide_by_hand(ledger: Ledger, key: CallKey, approval: Callable[[Record, datetime], Approval]) -> Record:
+def decide_by_hand(
+    ledger: Ledger, key: CallKey, approval: Callable[[Record, datetime], Approval], answer: str | None
+) -> Record:
     """``replaysafe.approvals.approve`` / ``reject``: the protocol's ``decide``, driven on ``ledger``."""
-    protocol = decide(key, approval, sealer=ledger.sealer, owner=f"approve@{owner_token()}", host=HOST)
+    protocol = decide(key, approval, sealer=ledger.sealer, owner=f"approve@{owner_token()}", host=HOST, answer=answer)
     decided: Record = drive(protocol, Driving(ledger, "approve"))
     return decided
 
 
-async def adecide_by_hand(ledger: Ledger, key: CallKey, approval: Callable[[Record, datetime], Approval]) -> Record:
+async def adecide_by_hand(
+    ledger: Ledger, key: CallKey, approval: Callable[[Record, datetime], Approval], answer: str | None
+) -> Record:
     """``decide_by_hand`` on the ledger's async operations."""
-    protocol = decide(key, approval, sealer=ledger.sealer, owner=f"approve@{owner_token()}", host=HOST)
+    protocol = decide(key, approval, sealer=ledger.sealer, owner=f"approve@{owner_token()}", host=HOST, answer=answer)
     decided: Record = await adrive(protocol, Driving(ledger, "approve"))
     return decided
 

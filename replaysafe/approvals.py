@@ -77,18 +77,24 @@ def approve(
     expires_in: float | timedelta = DEFAULT_EXPIRY,
     args: Mapping[str, Any] | None = None,
     ledger: Ledger | None = None,
+    answer: str | None = None,
 ) -> Record:
     """Approve the paused ``call``, as ``by``, for ``expires_in`` (seconds or a ``timedelta``; 15 minutes
     when left out). ``args``: an edit, the complete arguments (by parameter name, JSON values) the call
     runs with instead. Returns the call's record; ``LookupError`` when it has none, ``ValueError`` when it
-    is not paused."""
-    return _drivers.decide_by_hand(*_approval(call, by, expires_in, args, ledger))
+    is not paused.
+
+    ``answer``: an id of the human's answer this decision records, for a framework that hands the same
+    answer back after a crash (LangGraph's ``interrupt()`` does). The call's record keeps the ids of the
+    answers it was decided on until it finishes: given one of them again, ``approve`` decides nothing
+    and returns the record as it is, so an answer never renews an approval that was spent or expired."""
+    return _drivers.decide_by_hand(*_approval(call, by, expires_in, args, ledger, answer))
 
 
-def reject(call: CallRef, *, by: str, reason: str, ledger: Ledger | None = None) -> Record:
+def reject(call: CallRef, *, by: str, reason: str, ledger: Ledger | None = None, answer: str | None = None) -> Record:
     """Reject the paused ``call``, as ``by``, for ``reason`` (shown to its caller as
-    ``ApprovalRejectedError.reason``): it does not run on this decision."""
-    return _drivers.decide_by_hand(*_rejection(call, by, reason, ledger))
+    ``ApprovalRejectedError.reason``): it does not run on this decision. ``answer``: as for ``approve``."""
+    return _drivers.decide_by_hand(*_rejection(call, by, reason, ledger, answer))
 
 
 async def aapprove(
@@ -98,14 +104,17 @@ async def aapprove(
     expires_in: float | timedelta = DEFAULT_EXPIRY,
     args: Mapping[str, Any] | None = None,
     ledger: Ledger | None = None,
+    answer: str | None = None,
 ) -> Record:
     """``approve`` on the ledger's async operations."""
-    return await _drivers.adecide_by_hand(*_approval(call, by, expires_in, args, ledger))
+    return await _drivers.adecide_by_hand(*_approval(call, by, expires_in, args, ledger, answer))
 
 
-async def areject(call: CallRef, *, by: str, reason: str, ledger: Ledger | None = None) -> Record:
+async def areject(
+    call: CallRef, *, by: str, reason: str, ledger: Ledger | None = None, answer: str | None = None
+) -> Record:
     """``reject`` on the ledger's async operations."""
-    return await _drivers.adecide_by_hand(*_rejection(call, by, reason, ledger))
+    return await _drivers.adecide_by_hand(*_rejection(call, by, reason, ledger, answer))
 
 
 def request(
@@ -191,22 +200,33 @@ def state(call: CallRef, *, ledger: Ledger | None = None) -> ApprovalState | Non
     )
 
 
-Decided = tuple[Ledger, CallKey, Callable[[Record, datetime], Approval]]
+Decided = tuple[Ledger, CallKey, Callable[[Record, datetime], Approval], "str | None"]
 
 
 def _approval(
-    call: CallRef, by: str, expires_in: float | timedelta, args: Mapping[str, Any] | None, ledger: Ledger | None
+    call: CallRef,
+    by: str,
+    expires_in: float | timedelta,
+    args: Mapping[str, Any] | None,
+    ledger: Ledger | None,
+    answer: str | None,
 ) -> Decided:
     """What ``approve`` decides, checked before anything is read: where, which call, and the approval."""
     key, length, edit = _key_of(call), expiry(expires_in), None if args is None else edited_arguments(args)
-    return _ledger(ledger), key, _decided("approved", _approver(by), length, edit, None)
+    return _ledger(ledger), key, _decided("approved", _approver(by), length, edit, None), _answer_id(answer)
 
 
-def _rejection(call: CallRef, by: str, reason: str, ledger: Ledger | None) -> Decided:
+def _rejection(call: CallRef, by: str, reason: str, ledger: Ledger | None, answer: str | None) -> Decided:
     key, approver = _key_of(call), _approver(by)
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("reject(reason=...) takes the approver's reason, a non-empty str")
-    return _ledger(ledger), key, _decided("rejected", approver, None, None, reason)
+    return _ledger(ledger), key, _decided("rejected", approver, None, None, reason), _answer_id(answer)
+
+
+def _answer_id(answer: object) -> str | None:
+    if answer is not None and (not isinstance(answer, str) or not answer):
+        raise ValueError("answer= is the id of the human's answer (a framework's interrupt id): a non-empty str")
+    return answer
 
 
 def _decided(

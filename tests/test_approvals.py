@@ -247,9 +247,11 @@ def test_an_approved_run_that_stops_in_doubt_asks_again_and_never_reruns_on_it(
     assert [e.kind for e in events].count(EventKind.APPROVAL_REQUESTED) == 2
 
 
-def interrupted_on_its_approval(ledger: Ledger, **options: Any) -> tuple[Any, CallKey, list[int]]:
-    """A ``needs_approval`` tool asked, approved, then interrupted inside its approved run (in doubt): the
-    tool, the call's key, and the amounts it ran with."""
+def interrupted_on_its_approval(
+    ledger: Ledger, answer: str | None = None, **options: Any
+) -> tuple[Any, CallKey, list[int]]:
+    """A ``needs_approval`` tool asked, approved (on ``answer``), then interrupted inside its approved run (in
+    doubt): the tool, the call's key, and the amounts it ran with."""
     made: list[int] = []
 
     @replay_safe(ledger=ledger, needs_approval=True, **options)
@@ -260,7 +262,7 @@ def interrupted_on_its_approval(ledger: Ledger, **options: Any) -> tuple[Any, Ca
     key = new_key()
     with tool_call(*key), pytest.raises(ApprovalRequiredError):
         refund_order(30)
-    approvals.approve(key, by="ana", ledger=ledger)
+    approvals.approve(key, by="ana", ledger=ledger, answer=answer)
     with tool_call(*key), pytest.raises(Interrupted):
         refund_order(30)
     return refund_order, key, made
@@ -275,17 +277,22 @@ def test_in_doubt_after_an_approval_raises_under_raise(ledger: Ledger) -> None:
 
 def test_a_reconciler_that_asks_for_a_rerun_gets_a_new_decision_instead(ledger: Ledger) -> None:
     asked_reconciler: list[int] = []
+    while_asked: list[Any] = []
 
     def reconcile(call: Any) -> Any:
         asked_reconciler.append(call.attempt)
+        while_asked.append(state_of(ledger, call.key))  # what a crash of the reconciler would leave
         return RERUN
 
-    refund_order, key, made = interrupted_on_its_approval(ledger, in_doubt=reconcile)
+    refund_order, key, made = interrupted_on_its_approval(ledger, answer="first", in_doubt=reconcile)
     with tool_call(*key), pytest.raises(ApprovalRequiredError) as again:
         refund_order(30)
     assert again.value.may_have_run is True
     assert asked_reconciler and made == [30]
-    assert state_of(ledger, key)[0] is Status.PAUSED
+    status, state = state_of(ledger, key)
+    assert status is Status.PAUSED and state.answers == ("first",)  # the answer it ran on: not a new one
+    [(status, state)] = while_asked
+    assert status is Status.RUNNING and state.may_have_run and state.answers == ("first",)
 
 
 def test_a_call_that_raises_after_its_approval_needs_a_new_one_to_run_again(ledger: Ledger) -> None:
@@ -457,11 +464,13 @@ def test_a_sigkill_inside_the_approved_tool_never_reruns_on_that_approval(
         "error": "ApprovalRequiredError",
         "may_have_run": False,
     }
-    approvals.approve(key, by="ana", ledger=durable_ledger)
+    approvals.approve(key, by="ana", ledger=durable_ledger, answer="first")
     killed = run_child("run", durable_ledger_url, str(effects), thread, "inside")
     assert killed.returncode == -9, killed.stderr
     resumed = outcome(run_child("run", durable_ledger_url, str(effects), thread, "none"))
     assert resumed == {"error": "ApprovalRequiredError", "may_have_run": True}
+    # The answer it ran on, handed back after the crash (a framework keeps it): not a new approval.
+    approvals.approve(key, by="ana", ledger=durable_ledger, answer="first")
     again = outcome(run_child("run", durable_ledger_url, str(effects), thread, "none"))
     assert again == {"error": "ApprovalRequiredError", "may_have_run": True}
     assert len(effects.read_text().splitlines()) == 1
@@ -654,3 +663,67 @@ def test_state_says_when_a_call_waits_for_its_first_decision(ledger: Ledger) -> 
         refund_order(30)
     again = approvals.state(in_doubt, ledger=ledger)
     assert again is not None and again.may_have_run and not again.waiting
+
+
+# --- an answer handed back: decided once (approve(answer=...)) ------------------------------------------
+
+
+def test_an_answer_handed_back_after_its_approval_expired_does_not_renew_it(
+    ledger: Ledger, events: list[Event]
+) -> None:
+    """A framework hands its human's answer back after a restart (LangGraph's ``interrupt()``): recorded again
+    under the same answer id, it decides nothing, so the expired approval stays expired; a new answer runs."""
+    refunds, key = Refunds(ledger), new_key()
+    with SteppedClock() as clock:
+        asked(refunds, key)
+        first = approvals.approve(key, by="ana", expires_in=60, ledger=ledger, answer="interrupt-1")
+        clock.advance(61)
+        with pytest.raises(ApprovalExpiredError):
+            refunds.call(key)
+        again = approvals.approve(key, by="ana", expires_in=60, ledger=ledger, answer="interrupt-1")
+        assert (again.attempt, again.result) == (first.attempt, first.result)  # nothing written
+        with pytest.raises(ApprovalExpiredError):
+            refunds.call(key)
+        assert refunds.made == []
+        approvals.approve(key, by="ana", expires_in=60, ledger=ledger, answer="interrupt-2")
+        assert refunds.call(key) == "re_A1_30"
+    assert refunds.made == [("A1", 30)]
+    assert [e.kind for e in events].count(EventKind.APPROVED) == 2
+    with pytest.raises(ValueError, match="not paused"):  # finished: no answer decides it any more
+        approvals.approve(key, by="ana", ledger=ledger, answer="interrupt-1")
+
+
+def test_an_answer_handed_back_after_its_run_stopped_in_doubt_does_not_run_it_again(ledger: Ledger) -> None:
+    """The answer that approved a run that stopped in doubt, handed back: not a new approval (the call keeps
+    waiting for one, on every later look), even after the record went through the run and its pause."""
+    refund_order, key, made = interrupted_on_its_approval(ledger, answer="first")
+    in_doubt = approvals.approve(key, by="ana", ledger=ledger, answer="first")  # the in-doubt record, as it is
+    assert in_doubt.status is Status.IN_DOUBT
+    for _ in range(2):
+        approvals.approve(key, by="ana", ledger=ledger, answer="first")  # paused for a new decision: none made
+        with tool_call(*key), pytest.raises(ApprovalRequiredError) as refused:
+            refund_order(30)
+        assert refused.value.may_have_run is True
+    assert made == [30]
+    status, state = state_of(ledger, key)
+    assert status is Status.PAUSED and state.answers == ("first",) and state.decision is None
+
+
+def test_a_rejection_handed_back_does_not_undo_a_later_approval(ledger: Ledger) -> None:
+    refunds, key = Refunds(ledger), new_key()
+    asked(refunds, key)
+    approvals.reject(key, by="ana", reason="wrong order", ledger=ledger, answer="no")
+    approvals.approve(key, by="ben", ledger=ledger, answer="yes")
+    approvals.reject(key, by="ana", reason="wrong order", ledger=ledger, answer="no")  # handed back
+    assert refunds.call(key) == "re_A1_30"
+    assert refunds.made == [("A1", 30)]
+
+
+@pytest.mark.parametrize("answer", ["", 7])
+def test_an_answer_id_is_a_non_empty_str(ledger: Ledger, answer: Any) -> None:
+    refunds, key = Refunds(ledger), new_key()
+    asked(refunds, key)
+    with pytest.raises(ValueError, match="answer="):
+        approvals.approve(key, by="ana", ledger=ledger, answer=answer)
+    with pytest.raises(ValueError, match="answer="):
+        approvals.reject(key, by="ana", reason="no", ledger=ledger, answer=answer)

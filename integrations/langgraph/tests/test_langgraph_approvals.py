@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,9 @@ from psycopg import sql
 import replaysafe
 from replaysafe import CallKey, EventKind, Ledger, PostgresLedger, SqliteLedger, Status
 from replaysafe.testing import SteppedClock, kill_point, run_in_child
-from replaysafe_langgraph import ReplaySafeHumanInTheLoopMiddleware, ReplaySafeMiddleware
+from replaysafe_langgraph import ReplaySafeHumanInTheLoopMiddleware, ReplaySafeMiddleware, replay_safe_tool_node
 
-from _langgraph_fakes import final_answer, scripted
+from _langgraph_fakes import final_answer, scripted, state_graph
 
 THREAD = "approvals-thread"
 KEY = CallKey(THREAD, "msg-turn1-tools", "call_1")
@@ -476,3 +477,77 @@ async def test_async_the_approval_binds_the_arguments_and_asks_again(tmp_path: P
         assert lines(effects) == []
         await agent.ainvoke(Command(resume=APPROVE), config, version="v2")
         assert lines(effects) == ["refund A1 82000"]
+
+
+# --- f. the interceptor's own question: an answer LangGraph keeps is recorded once ------------------------
+
+
+def reviewed_refund(effects: str) -> BaseTool:
+    """``refund_order`` as a ``@replay_safe(needs_approval=True)`` tool: each call runs only on an approval."""
+
+    @replaysafe.replay_safe(needs_approval=True)
+    def refund_order(order_id: str, amount: int) -> str:
+        """Refund an order."""
+        append(effects, f"refund {order_id} {amount}")
+        kill_point("inside")
+        return f"refunded {order_id} {amount}"
+
+    return tool(refund_order)
+
+
+def kill_once_decided(event: replaysafe.Event) -> None:
+    """SIGKILL right after a decision is written, before the call runs on it."""
+    if event.kind in (EventKind.APPROVED, EventKind.REJECTED):
+        kill_point("decided")
+
+
+def tool_node_run(folder: str, ledger_path: str, phase: str, late: float) -> dict[str, Any]:
+    """One process of a ``ToolNode`` graph (``replay_safe_tool_node``, approvals for 60 s) whose refund asks for
+    an approval: ``ask`` (the interceptor asks with ``interrupt()``), ``approve`` (the human's answer, given
+    as ``Command(resume=...)``), ``resume`` (``invoke(None)``), each ``late`` seconds after the first."""
+    effects = str(Path(folder) / "effects.log")
+    replies = [refund_call(30), final_answer(1)] if phase == "ask" else [final_answer(1)]
+    start = datetime.now(timezone.utc) + timedelta(seconds=late)
+    unsubscribe = replaysafe.on_event(kill_once_decided)
+    try:
+        with (
+            SteppedClock(start),
+            SqliteLedger(ledger_path) as ledger,
+            SqliteSaver.from_conn_string(str(Path(folder) / "checkpoints.db")) as saver,
+        ):
+            node = replay_safe_tool_node(
+                [reviewed_refund(effects)], ledger=ledger, approver="ana", approval_expires_in=60
+            )
+            graph = state_graph(scripted(*replies), node, saver)
+            config: Any = {"configurable": {"thread_id": THREAD}}
+            inputs: Any = {
+                "ask": {"messages": [HumanMessage("Refund order A1", id="human-turn1")]},
+                "approve": Command(resume=APPROVE),
+                "approve-again": Command(resume=APPROVE),
+            }.get(phase)
+            return outcome(graph, graph.invoke(inputs, config, version="v2", durability="sync"))
+    finally:
+        unsubscribe()
+
+
+def test_tool_node_an_answer_langgraph_hands_back_after_a_crash_is_not_recorded_again(tmp_path: Path) -> None:
+    """The interceptor asks for the refund's approval with ``interrupt()``; the human approves (for 60 s) and
+    the process is killed once the approval is written. The thread is resumed 120 s later: LangGraph hands the
+    same answer back to the interceptor's question, and the approval it made has expired. Nothing runs: the
+    interceptor asks again (``expired``) instead of recording that answer as a new approval; a new answer runs
+    the refund, once."""
+    files = (str(tmp_path), str(tmp_path / "ledger.db"))
+    effects = tmp_path / "effects.log"
+    asked = run_in_child(tool_node_run, *files, "ask", 0.0).value
+    [value] = asked["asked"]
+    assert (asked_again(value), value["args"]) == ("required", {"order_id": "A1", "amount": 30})
+    assert run_in_child(tool_node_run, *files, "approve", 0.0, kill_at="decided").killed
+    assert lines(effects) == []
+
+    resumed = run_in_child(tool_node_run, *files, "resume", 120.0).value
+    assert lines(effects) == [], resumed  # the expired approval did not run
+    [value] = resumed["asked"]
+    assert asked_again(value) == "expired"
+    done = run_in_child(tool_node_run, *files, "approve-again", 130.0).value
+    assert lines(effects) == ["refund A1 30"]
+    assert done["results"] == {"call_1": "refunded A1 30"}

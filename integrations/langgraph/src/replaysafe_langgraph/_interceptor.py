@@ -226,6 +226,7 @@ class ReplaySafeInterceptor:
             )
         with self._scope(request):
             protect = not _decorated(tool, asynchronous=False) or reviewed()
+            asked = 0  # the interceptor's questions about this call in its task, so far
             while True:
                 try:
                     if not protect:
@@ -241,7 +242,8 @@ class ReplaySafeInterceptor:
                     answered = self._ask_again(request, refused)
                     if isinstance(answered, ToolMessage):
                         return answered
-                    approved = self._decide(request, answered, refused, protect)
+                    approved = self._decide(request, answered, refused, protect, asked)
+                    asked += 1
                     if answered.kind == "reject":
                         return rejection(request, answered.reason)
                     if approved is not None:  # asked with what was approved: the call runs it
@@ -256,6 +258,7 @@ class ReplaySafeInterceptor:
             return await execute(request)
         async with self._scope(request):
             protect = not _decorated(tool, asynchronous=True) or reviewed()
+            asked = 0  # the interceptor's questions about this call in its task, so far
             while True:
                 try:
                     if not protect:
@@ -271,7 +274,8 @@ class ReplaySafeInterceptor:
                     answered = self._ask_again(request, refused)
                     if isinstance(answered, ToolMessage):
                         return answered
-                    approved = await self._adecide(request, answered, refused, protect)
+                    approved = await self._adecide(request, answered, refused, protect, asked)
+                    asked += 1
                     if answered.kind == "reject":
                         return rejection(request, answered.reason)
                     if approved is not None:  # asked with what was approved: the call runs it
@@ -291,23 +295,30 @@ class ReplaySafeInterceptor:
         return answer_of(interrupt(approval_request(request, refused)), request)
 
     def _decision(
-        self, request: ToolCallRequest, answer: Answer, refused: BaseException, protect: bool
+        self, request: ToolCallRequest, answer: Answer, refused: BaseException, protect: bool, asked: int
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """``approvals.approve`` / ``reject`` keywords for the human's answer, bound to what the human was shown,
         and the arguments the call is then asked with (``None``: its own)."""
         by = approver_of(self.approver)
+        # LangGraph keeps the answers to a task's interrupts and hands them back, in order, each time the task
+        # runs again (a resume after a crash): this one is the ``asked``-th of this call in its task, recorded
+        # under that id once, so one handed back cannot renew an approval that expired or was spent since.
+        namespace = ((getattr(request.runtime, "config", None) or {}).get("configurable") or {}).get("checkpoint_ns")
+        answer_id = None if not namespace else f"langgraph:{namespace}:{asked}"
         if answer.kind == "reject":
-            return {"by": by, "reason": answer.reason or NO_REASON, "ledger": self.ledger}, None
+            reason = answer.reason or NO_REASON
+            return {"by": by, "reason": reason, "ledger": self.ledger, "answer": answer_id}, None
         args = answer.args
         if args is None and isinstance(refused, ApprovalMismatchError):
             args = dict(request.tool_call["args"])  # the arguments the human was shown, not the record's
         edit = None if args is None else ({"args": args} if protect else args)
-        return {"by": by, "expires_in": self.approval_expires_in, "args": edit, "ledger": self.ledger}, args
+        expires_in = self.approval_expires_in
+        return {"by": by, "expires_in": expires_in, "args": edit, "ledger": self.ledger, "answer": answer_id}, args
 
     def _decide(
-        self, request: ToolCallRequest, answer: Answer, refused: BaseException, protect: bool
+        self, request: ToolCallRequest, answer: Answer, refused: BaseException, protect: bool, asked: int
     ) -> dict[str, Any] | None:
-        decided, args = self._decision(request, answer, refused, protect)
+        decided, args = self._decision(request, answer, refused, protect, asked)
         key = self.key(request)
         if answer.kind == "reject":
             approvals.reject(key, **decided)
@@ -316,9 +327,9 @@ class ReplaySafeInterceptor:
         return args
 
     async def _adecide(
-        self, request: ToolCallRequest, answer: Answer, refused: BaseException, protect: bool
+        self, request: ToolCallRequest, answer: Answer, refused: BaseException, protect: bool, asked: int
     ) -> dict[str, Any] | None:
-        decided, args = self._decision(request, answer, refused, protect)
+        decided, args = self._decision(request, answer, refused, protect, asked)
         key = self.key(request)
         if answer.kind == "reject":
             await approvals.areject(key, **decided)
