@@ -24,6 +24,9 @@ review node of its own (``review_graph``), which records the answer with ``repla
 A run stopped at an interrupt that nobody answers ends, waiting. Neither can have the two scenarios whose model
 re-plans after a restart (``NOT_APPLICABLE`` says why).
 
+Pauses: a tool waits for its human with ``interrupt()`` (``ask``); the driver answers with ``Command(resume=...)``
+in every run, and the tool runs again from its top, its completed steps replayed by the adapter.
+
 This module is imported by name (``langgraph_conformance_driver``) in the kit's child processes, which get
 the import path of the process that runs the kit. Every case at every kill point::
 
@@ -224,7 +227,7 @@ def decision(approval: ApprovalAnswer, tool: str) -> dict[str, Any]:
     return {"type": "approve"}
 
 
-def answer(interrupts: Any, approval: ApprovalAnswer) -> Any:
+def answer(interrupts: Any, approval: ApprovalAnswer, paused: str) -> Any:
     """The ``Command(resume=...)`` value that answers the interrupts the run stopped at, as
     ``HumanInTheLoopMiddleware`` documents it: ``{"decisions": [...]}`` for its batched request, one decision
     for a per-call one (the adapter's own question, when it asks again); by interrupt id when there are several.
@@ -238,6 +241,8 @@ def answer(interrupts: Any, approval: ApprovalAnswer) -> Any:
             answered[asked.id] = {"decisions": [decision(approval, a["name"]) for a in value["action_requests"]]}
         elif isinstance(value, Mapping) and value.get("type") == "tool_approval":
             answered[asked.id] = decision(approval, value["name"])
+        elif isinstance(value, str):  # a tool's own question (LangGraphDriver.ask): the human's answer
+            answered[asked.id] = paused
         else:
             raise AssertionError(f"the run stopped at an interrupt the driver cannot answer: {value!r}")
     return next(iter(answered.values())) if len(answered) == 1 else answered
@@ -258,8 +263,13 @@ class LangGraphDriver:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.offers = frozenset({"approvals"})
+        self.offers = frozenset({"approvals", "pauses"})
         self.not_applicable: Mapping[str, str] = NOT_APPLICABLE[graph]
+
+    def ask(self, run: AgentRun, question: str) -> str:
+        """A tool waits for its human with LangGraph's ``interrupt()``: the run stops, and the tool runs again from
+        its top on ``Command(resume=...)``, where ``interrupt()`` returns the answer LangGraph kept."""
+        return str(interrupt(question))
 
     def run(self, run: AgentRun) -> None:
         options = dict(run.options)
@@ -293,9 +303,10 @@ class LangGraphDriver:
                 agent.invoke(None, config, durability=durability)
             state = agent.get_state(config)
             while state.interrupts:  # the run stopped for its human
-                if run.approver is None:
-                    return  # nobody answers in this run: the thread waits for a decision
-                agent.invoke(Command(resume=answer(state.interrupts, run.approval)), config, durability=durability)
+                if run.approver is None and not all(isinstance(i.value, str) for i in state.interrupts):
+                    return  # nobody answers an approval in this run: the thread waits for a decision
+                resume = answer(state.interrupts, run.approval, run.answer)
+                agent.invoke(Command(resume=resume), config, durability=durability)
                 state = agent.get_state(config)
             messages = state.values["messages"]
         check_conversation(messages, run.script)
