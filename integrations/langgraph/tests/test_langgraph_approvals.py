@@ -551,3 +551,48 @@ def test_tool_node_an_answer_langgraph_hands_back_after_a_crash_is_not_recorded_
     done = run_in_child(tool_node_run, *files, "approve-again", 130.0).value
     assert lines(effects) == ["refund A1 30"]
     assert done["results"] == {"call_1": "refunded A1 30"}
+
+
+def test_tool_node_with_several_calls_takes_an_answer_only_for_the_call_it_names(
+    tmp_path: Path, events: list[replaysafe.Event]
+) -> None:
+    """One message, two refunds in one ``ToolNode`` task, each asking for its approval with ``interrupt()``.
+    LangGraph hands a task's answers back by their order alone, and the order shifts once a call replays: an
+    answer that names no call is not taken (it could be another call's), and one that names a call is taken
+    for it alone. Without the names, the rejection of B2 9000 came after the approval of A1 30 and the approval
+    was handed to B2, which ran."""
+    effects = str(tmp_path / "effects.log")
+    message = AIMessage(
+        id="msg-turn1-tools",
+        content="",
+        tool_calls=[
+            {"name": "refund_order", "args": {"order_id": "A1", "amount": 30}, "id": "call_1", "type": "tool_call"},
+            {"name": "refund_order", "args": {"order_id": "B2", "amount": 9000}, "id": "call_2", "type": "tool_call"},
+        ],
+    )
+    with SqliteLedger(tmp_path / "ledger.db") as ledger, SqliteSaver.from_conn_string(
+        str(tmp_path / "checkpoints.db")
+    ) as saver:
+        node = replay_safe_tool_node([reviewed_refund(effects)], ledger=ledger, approver="ana")
+        graph = state_graph(scripted(message, final_answer(1)), node, saver)
+        # The calls one after another, so each run asks in the same order: side by side, an answer may reach the
+        # other call's question first, which does not take it and asks again (nothing runs on it either way).
+        config: Any = {"configurable": {"thread_id": THREAD}, "max_concurrency": 1}
+
+        def run(inputs: Any) -> dict[str, Any]:
+            return outcome(graph, graph.invoke(inputs, config, version="v2", durability="sync"))
+
+        asked = run({"messages": [HumanMessage("Refund both", id="human-turn1")]})["asked"]
+        assert asked and all(value["name_the_call"] for value in asked)
+        assert "name this one in your answer" in asked[0]["description"]
+        run(Command(resume=APPROVE))  # names no call: not taken for either
+        assert lines(effects) == []
+        assert approval_events(events) == [("approval_requested", None)] * 2
+        run(Command(resume={**APPROVE, "tool_call_id": "call_1"}))
+        assert lines(effects) == ["refund A1 30"]
+        done = run(Command(resume={"type": "reject", "message": "B2 9000 is fraud", "tool_call_id": "call_2"}))
+        assert lines(effects) == ["refund A1 30"]
+        assert done["results"] == {
+            "call_1": "refunded A1 30",
+            "call_2": "User rejected the tool call for `refund_order` with reason: B2 9000 is fraud",
+        }

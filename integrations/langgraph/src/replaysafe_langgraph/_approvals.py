@@ -113,15 +113,19 @@ class Answer:
     kind: str  # "approve", "edit" or "reject"
     args: dict[str, Any] | None = None
     reason: str | None = None
+    #: The call the human named (``"tool_call_id"`` in the decision), if any.
+    call_id: str | None = None
 
 
-def approval_request(request: ToolCallRequest, refused: BaseException) -> dict[str, Any]:
+def approval_request(request: ToolCallRequest, refused: BaseException, *, name_the_call: bool) -> dict[str, Any]:
     """The value of the adapter's ``interrupt()`` for a call refused for want of a (valid) approval.
 
     Shaped as ``HumanInTheLoopMiddleware``'s per-call ``ToolApprovalRequest`` (``type="tool_approval"``),
     answered the same way (``{"type": "approve"}``, ``{"type": "edit", "edited_action": {...}}``,
     ``{"type": "reject", "message": ...}``), with why it is asked again: ``reason`` (``may_have_run``,
-    ``expired``, ``mismatch``, ``required``) and the call's ``idempotency_key``.
+    ``expired``, ``mismatch``, ``required``) and the call's ``idempotency_key``. ``name_the_call``: other calls
+    of the same task may ask too, and LangGraph hands a task's answers back by their order alone, so only an
+    answer that names this call (``"tool_call_id"``) is taken for it.
     """
     call = request.tool_call
     may_have_run = bool(getattr(refused, "may_have_run", False))
@@ -133,21 +137,39 @@ def approval_request(request: ToolCallRequest, refused: BaseException) -> dict[s
         reason = "mismatch"
     else:
         reason = "required"
+    naming = (
+        f' This step runs several tool calls: name this one in your answer ("tool_call_id": {call["id"]!r}); '
+        "an answer that names no call is not taken for it."
+        if name_the_call
+        else ""
+    )
     return {
         "type": "tool_approval",
         "tool_call_id": call["id"],
         "name": call["name"],
         "args": call["args"],
-        "description": f"replaysafe asks again: {refused}",
+        "description": f"replaysafe asks again: {refused}{naming}",
         "reason": reason,
         "may_have_run": may_have_run,
         "idempotency_key": getattr(refused, "idempotency_key", None),
+        "name_the_call": name_the_call,
     }
 
 
 def answer_of(value: Any, request: ToolCallRequest) -> Answer:
-    """The human's answer, checked: a decision of ``HumanInTheLoopMiddleware``'s (``respond`` is a rejection)."""
+    """The human's answer, checked: a decision of ``HumanInTheLoopMiddleware``'s (``respond`` is a rejection),
+    which may name the call it answers (``"tool_call_id"``)."""
     kind = value.get("type") if isinstance(value, Mapping) else None
+    named = value.get("tool_call_id") if isinstance(value, Mapping) else None
+    if named is not None and not isinstance(named, str):
+        raise ValueError(
+            f"a decision's tool_call_id names the call it answers: a str, such as {request.tool_call['id']!r}"
+        )
+    answer = _decision_of(value, kind, request)
+    return dataclasses.replace(answer, call_id=named)
+
+
+def _decision_of(value: Any, kind: object, request: ToolCallRequest) -> Answer:
     if kind == "approve":
         return Answer("approve")
     if kind == "edit":

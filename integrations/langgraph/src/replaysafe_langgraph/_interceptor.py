@@ -46,7 +46,7 @@ from ._approvals import (
     rejection,
     reviewed,
 )
-from ._keys import MessageIdFallback, call_key
+from ._keys import MessageIdFallback, call_key, find_ai_message
 from ._serializer import MessageSerializer
 
 if TYPE_CHECKING:
@@ -58,6 +58,8 @@ AsyncExecute = Callable[[ToolCallRequest], Awaitable[ToolResult]]
 
 #: Exceptions that pause a tool for a human: LangGraph's ``interrupt()`` raises ``GraphInterrupt``.
 PAUSES: tuple[type[BaseException], ...] = (GraphBubbleUp,)
+#: What LangGraph's task metadata names a ``Send`` task by (``langgraph_triggers``).
+_PUSH = "__pregel_push"
 # Every protected call pauses on interrupt(), in a ToolNode or not (a step called from any node): the call
 # is kept paused with its completed steps, and Command(resume=...) runs it again with those steps replaying.
 register_pause(GraphInterrupt)
@@ -242,8 +244,10 @@ class ReplaySafeInterceptor:
                     answered = self._ask_again(request, refused)
                     if isinstance(answered, ToolMessage):
                         return answered
-                    approved = self._decide(request, answered, refused, protect, asked)
                     asked += 1
+                    if answered is None:  # an answer for another call of the task: asked again, below
+                        continue
+                    approved = self._decide(request, answered, refused, protect, asked)
                     if answered.kind == "reject":
                         return rejection(request, answered.reason)
                     if approved is not None:  # asked with what was approved: the call runs it
@@ -274,8 +278,10 @@ class ReplaySafeInterceptor:
                     answered = self._ask_again(request, refused)
                     if isinstance(answered, ToolMessage):
                         return answered
-                    approved = await self._adecide(request, answered, refused, protect, asked)
                     asked += 1
+                    if answered is None:  # an answer for another call of the task: asked again, below
+                        continue
+                    approved = await self._adecide(request, answered, refused, protect, asked)
                     if answered.kind == "reject":
                         return rejection(request, answered.reason)
                     if approved is not None:  # asked with what was approved: the call runs it
@@ -285,14 +291,31 @@ class ReplaySafeInterceptor:
 
     # --- approvals: a call refused for want of a valid approval asks its human again -------------------
 
-    def _ask_again(self, request: ToolCallRequest, refused: BaseException) -> Answer | ToolMessage:
+    def _ask_again(self, request: ToolCallRequest, refused: BaseException) -> Answer | ToolMessage | None:
         """A rejected call answers the model as ``HumanInTheLoopMiddleware`` does; any other refusal asks the
-        human again with ``interrupt()`` (the graph pauses; ``Command(resume=<decision>)`` answers)."""
+        human again with ``interrupt()`` (the graph pauses; ``Command(resume=<decision>)`` answers). ``None``:
+        the answer LangGraph handed back is not this call's (it names another, or names none where other calls
+        of the task may ask too)."""
         if isinstance(refused, ApprovalRejectedError):
             return rejection(request, refused.reason)
         if not isinstance(refused, ASK_AGAIN):  # pragma: no cover - REFUSALS is both
             raise refused
-        return answer_of(interrupt(approval_request(request, refused)), request)
+        alone = self._alone_in_task(request)
+        answer = answer_of(interrupt(approval_request(request, refused, name_the_call=not alone)), request)
+        if answer.call_id is None:
+            return answer if alone else None
+        return answer if answer.call_id == request.tool_call["id"] else None
+
+    def _alone_in_task(self, request: ToolCallRequest) -> bool:
+        """Whether no other call can ask in this call's task. LangGraph hands the answers to a task's
+        ``interrupt()`` calls back by their order in the task alone: where several calls run in one task (a
+        ``ToolNode`` given a message with several calls), a call that replays or is refused no more shifts
+        the answers of the others, so there an answer is taken only for the call it names."""
+        config = getattr(request.runtime, "config", None) or {}
+        if _PUSH in ((config.get("metadata") or {}).get("langgraph_triggers") or ()):
+            return True  # a Send task: one call (create_agent's tools step)
+        message = find_ai_message(request, messages_key=self.messages_key)
+        return message is not None and len(message.tool_calls) == 1
 
     def _decision(
         self, request: ToolCallRequest, answer: Answer, refused: BaseException, protect: bool, asked: int
@@ -301,8 +324,9 @@ class ReplaySafeInterceptor:
         and the arguments the call is then asked with (``None``: its own)."""
         by = approver_of(self.approver)
         # LangGraph keeps the answers to a task's interrupts and hands them back, in order, each time the task
-        # runs again (a resume after a crash): this one is the ``asked``-th of this call in its task, recorded
-        # under that id once, so one handed back cannot renew an approval that expired or was spent since.
+        # runs again (a resume after a crash): this one answers the ``asked``-th question of this call in its
+        # task, recorded under that id once, so one handed back cannot renew an approval that expired or was
+        # spent since.
         namespace = ((getattr(request.runtime, "config", None) or {}).get("configurable") or {}).get("checkpoint_ns")
         answer_id = None if not namespace else f"langgraph:{namespace}:{asked}"
         if answer.kind == "reject":
