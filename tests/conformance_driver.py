@@ -19,6 +19,7 @@ approval.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from typing import Any
@@ -165,3 +166,31 @@ class UnprotectedDriver(LoopDriver):
 
 
 UNPROTECTED = UnprotectedDriver()
+
+
+class IdleResumeDriver(LoopDriver):
+    """A wrong adapter whose resume does nothing: the work the crash cut short is never done."""
+
+    def run(self, run: AgentRun) -> None:
+        if run.boot == 0 or not run.protect:  # its control is the plain loop
+            super().run(run)
+
+
+IDLE_RESUME = IdleResumeDriver()
+
+
+class AsksFirstDriver(LoopDriver):
+    """A framework that keeps its human's answer only once the adapter has recorded the request (Strands and
+    ADK ask from a hook that runs first): a run killed at that request's claim leaves no answer, and its resume,
+    with nobody to answer, waits."""
+
+    def _call(self, run: AgentRun, key: tuple[str, str, str], place: str, name: str, args: dict[str, Any]) -> Any:
+        if run.protect and run.options.get("needs_approval") and not (run.folder / "approvals.json").exists():
+            protected = replay_safe(ledger=run.ledger, name=name, **run.options)(run.tools[name])
+            # Asked before with other arguments, or run: the call's claim says what happens.
+            with contextlib.suppress(ValueError, ReplayMismatchError):
+                approvals.request(key, tool=protected, args=args, ledger=run.ledger)
+        return super()._call(run, key, place, name, args)
+
+
+ASKS_FIRST = AsksFirstDriver()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from replaysafe.testing import conformance
@@ -40,3 +42,26 @@ def test_an_adapter_that_does_not_protect_fails() -> None:
     """The kit's first check fails an adapter that leaves the tools plain: its ``case`` does not even exist."""
     with pytest.raises(Exception, match="no case '1@after-record'"):
         conformance.check("tests.conformance_driver:UNPROTECTED", conformance.SCENARIOS[0])
+
+
+def scenario(name: str, **changes: object) -> conformance.Scenario:
+    found = next(s for s in conformance.SCENARIOS if s.name == name)
+    return dataclasses.replace(found, **changes)  # type: ignore[arg-type]
+
+
+def test_a_resume_that_does_nothing_fails() -> None:
+    """An adapter whose resume does nothing duplicates nothing, and still fails: the resume left undone the work
+    the run that was not killed did."""
+    with pytest.raises(conformance.ConformanceError, match="left work undone"):
+        conformance.check("tests.conformance_driver:IDLE_RESUME", scenario("two_turns", case="1@after-record"))
+
+
+def test_a_run_killed_before_its_approval_was_asked_may_wait_on_resume() -> None:
+    """Killed at the claim of the request, before its human answered: the framework kept no answer, the kit's
+    human answers in the first run only, and the resume waits for a decision. Not work left undone; and the
+    approval, once given, still never runs the call twice."""
+    waits = scenario("approved_crash_inside", case="1@before")
+    held, _ = conformance.check("tests.conformance_driver:ASKS_FIRST", waits)
+    [case] = held.cases
+    assert (case.point, case.effects.get("refund_effect", 0)) == ("before", 0)
+    assert held.exit_code == 0 and not waits.broken_by(held)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .._constants import LEDGER_URL_ENV
+from .._crash_points import BEFORE
 from .._decorator import replay_safe
 from .._identity import args_digest
 from ..ledgers import Ledger, open_ledger
@@ -681,13 +682,16 @@ def _not_said_unprotected(scenario: Scenario, report: CrashReport) -> str:
 
 def _left_undone(scenario: Scenario, report: CrashReport) -> str:
     """Each case whose two runs made fewer of a side effect than the run that was not killed ("" when none did,
-    or the scenario's resume may wait)."""
+    or the scenario's resume may wait). A run killed ``before`` a call that waits for its human may leave it
+    waiting: the framework may not have kept an answer yet, and the kit's human answers in the first run only."""
     if scenario.resume_may_wait:
         return ""
+    asks = "approvals" in scenario.needs
     lines = [
         f"\n  case {case.case}: `{name}` ran {case.effects.get(name, 0)} time(s) across the killed run and its "
         f"resume, where the run that was not killed ran it {count}: the resume left work undone"
         for case in report.cases
+        if not (asks and case.point == BEFORE)
         for name, count in sorted(report.baseline.effects.items())
         if case.effects.get(name, 0) < count
     ]
