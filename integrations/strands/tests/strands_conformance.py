@@ -14,16 +14,27 @@ unanswered until its turn ends, so the app keeps its human's answer in the run's
 agent, and hands it back when it restarts; ``ReplaySafeHooks`` records the answer as an approval bound to the call
 (once, while the call waits for its first decision) and the call's claim spends it.
 
+Pauses are Strands' too: each tool is given to the agent as a ``@tool(context=True)`` that sets a context variable
+to its ``ToolContext`` while the kit's function runs (its name, description and parameters, as the model sees them,
+unchanged), and ``ask`` pauses the call with ``tool_context.interrupt``. The run stops with stop_reason
+``"interrupt"``; the driver, as the app, answers it with ``run.answer`` in every run (kept in the run's folder
+before it is handed over, like an approval's), and Strands runs the tool again, where the interrupt returns it.
+
 The kit imports this module by name in its child processes, which get the test process's import path.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import typing
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
-from strands import Agent, tool
+from strands import Agent, ToolContext, tool
 from strands.hooks import BeforeToolCallEvent, HookRegistry
+from strands.interrupt import Interrupt
 from strands.session import FileSessionManager
 
 from replaysafe import ApprovalExpiredError, ApprovalMismatchError, ApprovalRequiredError
@@ -32,6 +43,10 @@ from replaysafe_strands import ReplaySafeHooks
 from replaysafe_strands.testing import ScriptedModel
 
 PROMPT = "Handle order A1 for ana@example.com"
+#: The name of the interrupt a tool waiting for its human raises (``StrandsDriver.ask``).
+PAUSE = "ask_the_human"
+#: The ``ToolContext`` of the tool running in this context (``with_context``), for ``StrandsDriver.ask``.
+_TOOL_CONTEXT: ContextVar[ToolContext | None] = ContextVar("replaysafe_conformance_tool_context", default=None)
 
 
 def finished(messages: list[Any]) -> bool:
@@ -67,6 +82,29 @@ def _responses(answers: dict[str, Any]) -> list[Any]:
     return [{"interruptResponse": {"interruptId": key, "response": value}} for key, value in answers.items()]
 
 
+def with_context(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` taking Strands' ``ToolContext`` as ``tool_context`` (for ``@tool(context=True)``), which it
+    sets for ``StrandsDriver.ask`` while ``function`` runs. Its name, docstring and other parameters are
+    ``function``'s: the tool the model sees is the same."""
+
+    def with_tool_context(**arguments: Any) -> Any:
+        token = _TOOL_CONTEXT.set(arguments.pop("tool_context"))
+        try:
+            return function(**arguments)
+        finally:
+            _TOOL_CONTEXT.reset(token)
+
+    hints = typing.get_type_hints(function, include_extras=True)
+    signature = inspect.signature(function)
+    parameters = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in signature.parameters.values()]
+    parameters.append(inspect.Parameter("tool_context", inspect.Parameter.KEYWORD_ONLY, annotation=ToolContext))
+    wrapper: Any = with_tool_context
+    wrapper.__signature__ = signature.replace(parameters=parameters, return_annotation=hints.get("return", Any))
+    wrapper.__annotations__ = {**hints, "tool_context": ToolContext}
+    wrapper.__name__, wrapper.__qualname__, wrapper.__doc__ = function.__name__, function.__qualname__, function.__doc__
+    return with_tool_context
+
+
 class StrandsDriver:
     """Builds the agent of ``run`` and runs it to the script's end, continuing the saved session.
 
@@ -74,9 +112,12 @@ class StrandsDriver:
     when it restarts (Strands saves an interrupt unanswered until its turn ends), as an app retrying the human's
     answer does. A call the adapter refuses (no decision, an expired one, or one for other arguments) ends the run,
     waiting for a new decision.
+
+    Pauses: a tool waits for its human with ``tool_context.interrupt`` (``ask``); the driver answers it with
+    ``run.answer`` in every run, the same way (kept in the folder first, handed back on a restart).
     """
 
-    offers = frozenset({"approvals", "tool_errors"})
+    offers = frozenset({"approvals", "pauses", "tool_errors"})
 
     #: Strands resumes a session's pending toolUse without asking the model again (it was saved before any
     #: tool ran), so a restart never re-plans a call under new ids or with other arguments: the kit's re-plans
@@ -101,9 +142,18 @@ class StrandsDriver:
         ),
     }
 
+    def ask(self, run: AgentRun, question: str) -> str:
+        """A tool waits for its human with Strands' ``tool_context.interrupt``: the first time it raises and the run
+        stops with stop_reason ``"interrupt"``; Strands runs the tool again when the agent is resumed with the
+        answer (``interruptResponse``), and the interrupt returns it."""
+        context = _TOOL_CONTEXT.get()
+        if context is None:
+            raise RuntimeError("ask is called only inside a tool of the driver's agent")
+        return str(context.interrupt(PAUSE, reason=question))
+
     def run(self, run: AgentRun) -> None:
         session = FileSessionManager(session_id=run.thread_id, storage_dir=str(run.folder / "sessions"))
-        tools: list[Any] = [tool(name=name)(function) for name, function in run.tools.items()]
+        tools: list[Any] = [tool(name=name, context=True)(with_context(f)) for name, f in run.tools.items()]
         model = ScriptedModel(run.script, boot=run.boot)
         hooks: list[Any] = [model]  # it fixes its messages' tracking_ids, as a provider fixes its ids
         if run.options.get("needs_approval"):
@@ -126,6 +176,7 @@ class StrandsDriver:
         answers: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() else {}
         waiting = interrupted(agent)
         kept = {id_: answer for id_, answer in answers.items() if id_ in waiting}
+        kept |= {id_: kept.get(id_, run.answer) for id_, interrupt in waiting.items() if interrupt.name == PAUSE}
         if waiting and not kept:
             return  # restored waiting for its human, and no answer was kept: it goes on waiting
         prompt: Any = _responses(kept) if kept else (None if agent.messages else PROMPT)
@@ -136,18 +187,21 @@ class StrandsDriver:
                 return  # the adapter refused the answer it has (spent, other arguments, expired): waits for a new one
             if result.stop_reason != "interrupt" or not result.interrupts:
                 return
-            if run.approver is None:
-                return  # nobody answers in this run: it waits
-            answers = {interrupt.id: human_answer(run.approval) for interrupt in result.interrupts}
+            if run.approver is None and any(interrupt.name != PAUSE for interrupt in result.interrupts):
+                return  # nobody answers an approval in this run: it waits
+            answers = {
+                interrupt.id: run.answer if interrupt.name == PAUSE else human_answer(run.approval)
+                for interrupt in result.interrupts
+            }
             saved.write_text(json.dumps(answers))  # kept before the answer is handed over
             prompt = _responses(answers)
 
 
-def interrupted(agent: Agent) -> set[str]:
-    """The ids of the interrupts a restored agent waits on (Strands keeps them in its session, and has no public
-    accessor): the app hands back its kept answers for those, and only those."""
+def interrupted(agent: Agent) -> dict[str, Interrupt]:
+    """The interrupts a restored agent waits on, by id (Strands keeps them in its session, and has no public
+    accessor): the app hands back its kept answers for those, and only those (a pause's: its human's answer)."""
     state = agent._interrupt_state
-    return set(state.interrupts) if state.activated else set()
+    return dict(state.interrupts) if state.activated else {}
 
 
 DRIVER = StrandsDriver()
