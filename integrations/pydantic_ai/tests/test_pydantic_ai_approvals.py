@@ -357,6 +357,24 @@ async def test_an_answer_recorded_before_a_crash_is_not_recorded_again(
     assert state.decision.by == "ana@example.com"  # the answer recorded before the crash, still on record
 
 
+async def test_a_denial_after_a_crash_revokes_the_approval_recorded_before_it(
+    files: dict[str, str], ledger: SqliteLedger, ledger_path: Path
+) -> None:
+    """Approved, killed once the approval was written (not yet spent); the human then denies the call, and the
+    model is told so. A stale retry of the history with the earlier approval runs nothing: the denial replaced
+    the approval in the call's record."""
+    await ask(ledger, files["history"], files["effects"], protect=True)
+    killed = await asyncio.to_thread(
+        run_in_child, killed_once_decided, files["history"], str(ledger_path), files["effects"], kill_at="decided"
+    )
+    assert killed.killed
+    denied = await answer_run(ledger, files["history"], files["effects"], {"deny": "a manager must"}, protect=True)
+    assert denied["returns"] == [("a manager must", "denied")]
+    stale = await answer_run(ledger, files["history"], files["effects"], {"approve": True}, protect=True)
+    assert lines(files["effects"]) == []
+    assert stale["returns"] == [("a manager must", "denied")]
+
+
 async def test_a_call_the_model_asks_for_again_after_it_ran_is_deferred_then_replayed(
     files: dict[str, str], ledger: SqliteLedger
 ) -> None:

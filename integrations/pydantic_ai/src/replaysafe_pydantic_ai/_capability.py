@@ -274,8 +274,18 @@ class ReplaySafe(AbstractCapability[Any]):
         """Record ``answer`` as the decision on ``key``, once; whether an answer is on record for it.
 
         ``False`` when no request was recorded for the call (no human was asked about this call: it asks).
+        A denial is written onto the paused call whatever it was decided before: the human's no revokes an
+        approval not yet spent (one recorded before a crash, which a stale retry would otherwise run on).
         """
         by = self.approver if isinstance(self.approver, str) else self.approver(ctx, call)
+        if isinstance(answer, ToolDenied):
+            try:
+                await approvals.areject(key, by=by, reason=answer.message or "denied", ledger=self.ledger)
+            except LookupError:
+                return False  # no request on record for this call: it asks
+            except ValueError:
+                pass  # not paused: the call ran, runs or is in doubt; its claim says what happens
+            return True
 
         async def decide() -> bool:
             found = await asyncio.to_thread(approvals.state, key, ledger=self.ledger)
@@ -284,13 +294,8 @@ class ReplaySafe(AbstractCapability[Any]):
                 # made in replaysafe), or run on one: recorded again, it would renew a decision or its expiry.
                 return True
             try:
-                if isinstance(answer, ToolDenied):
-                    await approvals.areject(key, by=by, reason=answer.message or "denied", ledger=self.ledger)
-                else:
-                    edit = None if answer.override_args is None else self._edit(ctx, call, answer.override_args)
-                    await approvals.aapprove(
-                        key, by=by, expires_in=self.approval_expires_in, args=edit, ledger=self.ledger
-                    )
+                edit = None if answer.override_args is None else self._edit(ctx, call, answer.override_args)
+                await approvals.aapprove(key, by=by, expires_in=self.approval_expires_in, args=edit, ledger=self.ledger)
             except ReplaySafeError:
                 raise
             except ValueError:
