@@ -296,6 +296,36 @@ async def test_a_rejected_call_never_runs_even_on_a_stale_approval(
     assert decided == [(replaysafe.EventKind.REJECTED, "ana@example.com")]
 
 
+async def approved_then_killed(ledger_path: str, state: str, effects: str) -> None:
+    """In a child process: the stored state approved, SIGKILLed once the approval is written (nothing run)."""
+
+    def kill_when_approved(event: replaysafe.Event) -> None:
+        if event.kind is replaysafe.EventKind.APPROVED:
+            kill_point("decided")
+
+    replaysafe.on_event(kill_when_approved)
+    with SqliteLedger(ledger_path) as ledger:
+        await answer(ledger, state, effects, True)
+
+
+async def test_a_rejection_after_a_crash_revokes_the_approval_recorded_before_it(
+    ledger: SqliteLedger, files: dict[str, str]
+) -> None:
+    """Approved, killed once the approval was written (not yet spent); the human then rejects the call, and the
+    model is told so. The stored state approved again (a stale copy) runs nothing: the rejection replaced the
+    approval in the call's record."""
+    await ask(ledger, files["state"], files["effects"], True)
+    killed = await asyncio.to_thread(
+        run_in_child, approved_then_killed, *files.values(), kill_at="decided", timeout=300
+    )
+    assert killed.killed
+    rejected = await answer(ledger, files["state"], files["effects"], True, decision="reject")
+    assert rejected["outputs"] == {"call_1": "Refunds need a manager."}
+    stale = await answer(ledger, files["state"], files["effects"], True)
+    assert stale["outputs"] == {"call_1": "Refunds need a manager."}
+    assert lines(files["effects"]) == []
+
+
 async def test_a_second_call_with_the_same_arguments_under_other_ids_asks_again(
     ledger: SqliteLedger, files: dict[str, str]
 ) -> None:

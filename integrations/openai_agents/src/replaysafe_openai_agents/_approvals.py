@@ -6,9 +6,10 @@
   (``approvals.approve``) onto that request, once, and the claim that runs the tool checks and spends it.
 - When a run resumed with a rejection calls the model again, the rejection is recorded (``approvals.reject``).
 
-The SDK's answer is recorded only onto a fresh request (nothing decided, nothing run). A call whose record
+The SDK's approval is recorded only onto a fresh request (nothing decided, nothing run). A call whose record
 has moved on (decided with replaysafe or the CLI, run, killed inside the tool) is decided by the ledger alone:
-an SDK approval read again from a stored ``RunState`` never runs a call twice.
+an SDK approval read again from a stored ``RunState`` never runs a call twice. A rejection is recorded onto any
+paused call: it revokes an approval not yet spent.
 """
 
 from __future__ import annotations
@@ -106,17 +107,21 @@ class Approving:
     async def rejected(
         self, context: RunContextWrapper[Any], agent: Agent[Any], call: ResponseFunctionToolCall
     ) -> None:
-        """The SDK answered the call with its human's rejection: record it onto a fresh request."""
+        """The SDK answered the call with its human's rejection: record it onto the paused call, whatever was
+        decided before. The human's no revokes an approval not yet spent (one recorded before a crash), which a
+        stale copy of the state would otherwise run on; a call that ran, runs or is in doubt is left to its
+        claim."""
         if context.is_tool_approved(self.tool.name, call.call_id) is not False:
             return
         ctx = _tool_context(context, agent, call)
-        key = await self.request(ctx, call.arguments)
+        key = self._key(ctx)
         if key is None:
             return
         reason = context.get_rejection_message(self.tool.name, call.call_id) or SDK_REJECTION
         try:
+            await approvals.arequest(key, tool=self.target, args=self.args_of(call.arguments), ledger=self.ledger)
             await approvals.areject(key, by=self.by(ctx), reason=reason, ledger=self.ledger)
-        except (ValueError, RuntimeError):
+        except (ValueError, RuntimeError):  # run, running or in doubt; or decided meanwhile: the claim decides
             return
 
 
