@@ -194,3 +194,13 @@ class AsksFirstDriver(LoopDriver):
 
 
 ASKS_FIRST = AsksFirstDriver()
+
+
+class DeafDriver(LoopDriver):
+    """A wrong adapter that keeps a tool's pause as its outcome: the tool never hears its human's yes."""
+
+    def ask(self, run: AgentRun, question: str) -> str:
+        return "" if run.protect else super().ask(run, question)
+
+
+DEAF = DeafDriver()

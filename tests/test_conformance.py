@@ -65,3 +65,10 @@ def test_a_run_killed_before_its_approval_was_asked_may_wait_on_resume() -> None
     [case] = held.cases
     assert (case.point, case.effects.get("refund_effect", 0)) == ("before", 0)
     assert held.exit_code == 0 and not waits.broken_by(held)
+
+
+def test_a_pause_whose_answer_never_reaches_the_tool_fails() -> None:
+    """Nothing runs twice when the tool never hears its human's yes, and the check fails all the same: the run
+    that was not killed must run what the yes lets run, once."""
+    with pytest.raises(conformance.ConformanceError, match="notify_effect` 0 time"):
+        conformance.check("tests.conformance_driver:DEAF", scenario("pause_approved"))

@@ -173,6 +173,9 @@ class Scenario:
     #: Side effects that run only with these arguments (by parameter name), an edit's: the run that is not
     #: killed must run each with them and no other (every case's other arguments are reported by the crash test).
     only_with: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    #: How often the run that is not killed must run each of these side effects (a pause answered yes runs what
+    #: comes after it, once; answered no, never): an adapter that keeps a pause as the call's outcome fails.
+    baseline_runs: Mapping[str, int] = dataclasses.field(default_factory=dict)
     #: The conversation id the driver hands the framework (``AgentRun.thread_id``); ``""``: none.
     thread_id: str = THREAD_ID
     #: A tool the adapter cannot protect in this scenario (its ids are missing): the documented outcome is that
@@ -463,6 +466,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         case="2@after-record",
         control_case=f"{_MODULE}:refund_effect@after-return",
         needs=frozenset({"pauses"}),
+        baseline_runs={f"{_MODULE}:refund_effect": 1, f"{_MODULE}:notify_effect": 1},
     ),
     Scenario(
         "pause_rejected",
@@ -473,6 +477,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         control_case=f"{_MODULE}:refund_effect@after-return",
         needs=frozenset({"pauses"}),
         answer="no",
+        baseline_runs={f"{_MODULE}:refund_effect": 1, f"{_MODULE}:notify_effect": 0},
     ),
 )
 
@@ -601,6 +606,7 @@ def check(
         ) from None
     ran = (
         _never_ran(scenario, held)
+        + _baseline_ran(scenario, held)
         + _other_arguments(scenario, held)
         + _not_said_unprotected(scenario, held)
         + _left_undone(scenario, held)
@@ -655,12 +661,23 @@ def _never_ran(scenario: Scenario, report: CrashReport) -> str:
         for name in sorted(scenario.never_runs)
         if case.effects.get(name)
     ]
+    # The kill points name the scenario's own calls: an adapter's record of its own (the marker of an answer it
+    # recorded, say) killed at "inside" has not run the tool, whose run on resume may then be its first.
+    tools = {
+        call.tool
+        for turn in (*scenario.script.turns, *(scenario.script.after_restart or ()))
+        if not isinstance(turn, str)
+        for call in turn
+    }
     lines += [
         f"\n  case {case.case}: `{name}` ran {case.resumed_effects[name]} time(s) on resume, which this case forbids"
         for case in report.cases
         for name in sorted(scenario.never_on_resume)
         if case.resumed_effects.get(name)
-        and (scenario.never_on_resume_after is None or case.point in scenario.never_on_resume_after)
+        and (
+            scenario.never_on_resume_after is None
+            or (case.point in scenario.never_on_resume_after and (case.call is None or case.tool in tools))
+        )
     ]
     return "".join(lines)
 
@@ -678,6 +695,16 @@ def _not_said_unprotected(scenario: Scenario, report: CrashReport) -> str:
         if case.verdict != UNPROTECTED or not any(said in detail for detail in case.details)
     ]
     return "".join(lines) if lines or report.cases else f"\n  no case ran: {tool} was never run"
+
+
+def _baseline_ran(scenario: Scenario, report: CrashReport) -> str:
+    """Each ``baseline_runs`` side effect the run that was not killed ran another number of times ("" when none)."""
+    return "".join(
+        f"\n  the run that was not killed ran `{name}` {report.baseline.effects.get(name, 0)} time(s), where it "
+        f"runs {count}"
+        for name, count in sorted(scenario.baseline_runs.items())
+        if report.baseline.effects.get(name, 0) != count
+    )
 
 
 def _left_undone(scenario: Scenario, report: CrashReport) -> str:

@@ -18,13 +18,27 @@ A rejection is ADK's own (its gate answers ``{"error": "This tool call is reject
 A run whose call waits for an answer nobody gives (``approver`` is ``None``), or whose answer the plugin refuses
 (``ApprovalRequiredError``, ``ApprovalMismatchError``, ``ApprovalExpiredError``), ends waiting for a new decision.
 
+Pauses are ADK's confirmation asked by the tool itself: ``ask`` calls ``tool_context.request_confirmation(hint=...)``
+and the tool returns without acting (the plugin keeps the call paused); the human (``AgentRun.answer``, in every
+run) answers that ``adk_request_confirmation`` call with ``ToolConfirmation(confirmed=answer == "yes",
+payload={"answer": answer})``, and ADK runs the tool again with it (confirmed or not: a tool that asked itself
+handles a rejection itself), where ``ask`` returns the answer. The kit's tools are plain functions, which ADK hands
+no ``ToolContext``: each is wrapped in a function of the same name, docstring and parameters that also takes
+``tool_context`` (ADK leaves it out of the declaration the model sees) and sets it in a context variable for
+``ask``. ADK's request is a final response: a run that finds one unanswered answers it, whatever the boot. A run
+that ends with an answered call whose latest response is still the waiting one fails (``check_resumed``): the
+answer never let the tool run again.
+
 The kit imports this module by name in its child processes, which get the test process's import path.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Mapping
+import contextvars
+import functools
+import inspect
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, ClassVar
 
 from google.adk.agents import LlmAgent
@@ -52,6 +66,45 @@ PROMPT = "Handle order A1 for ana@example.com"
 REQUEST_CONFIRMATION = "adk_request_confirmation"
 #: The refusals that leave a call waiting for a new decision: the run ends there, as ADK's own pending confirmation.
 WAITING = (ApprovalRequiredError, ApprovalMismatchError, ApprovalExpiredError)
+#: What a tool that waits for its human answers the call, the first time (ADK then asks the human).
+WAITING_RESPONSE = {"status": "waiting for its human"}
+
+#: The ``ToolContext`` of the tool running in this context, for ``AdkDriver.ask``.
+_tool_context: contextvars.ContextVar[ToolContext | None] = contextvars.ContextVar("adk_tool_context", default=None)
+
+
+class _Asked(Exception):  # noqa: N818 - a signal, not an error: the tool waits for its human
+    """Raised by ``ask`` in a tool's first run, once it asked ADK for a confirmation: the tool returns waiting."""
+
+
+def given_context(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The kit's tool as ADK hands it its ``ToolContext``: a function of the same name, docstring and parameters,
+    plus ``tool_context`` (which ADK passes, and leaves out of the declaration the model sees), that keeps it in a
+    context variable for ``ask`` while the tool runs; a tool that asked returns ``WAITING_RESPONSE``."""
+
+    @functools.wraps(function)
+    def tool(*, tool_context: ToolContext, **arguments: Any) -> Any:
+        token = _tool_context.set(tool_context)
+        try:
+            return function(**arguments)
+        except _Asked:
+            return dict(WAITING_RESPONSE)
+        finally:
+            _tool_context.reset(token)
+
+    signature = inspect.signature(function)
+    context = inspect.Parameter("tool_context", inspect.Parameter.KEYWORD_ONLY, annotation=ToolContext)
+    tool.__signature__ = signature.replace(parameters=[*signature.parameters.values(), context])  # type: ignore[attr-defined]
+    return tool
+
+
+def told(confirmation: ToolConfirmation) -> str:
+    """The human's answer in a confirmation of a tool that asked: the payload's ``"answer"``, else yes or no."""
+    payload = confirmation.payload
+    answer = payload.get("answer") if isinstance(payload, dict) else None
+    if isinstance(answer, str):
+        return answer
+    return "yes" if confirmation.confirmed else "no"
 
 
 def edited_args(tool_context: ToolContext, confirmation: ToolConfirmation) -> Mapping[str, Any] | None:
@@ -89,10 +142,32 @@ def unanswered(session: Session) -> list[types.FunctionCall]:
     ]
 
 
+def check_resumed(session: Session) -> None:
+    """Every call whose tool waited for its human, answered, ran again: its latest response is not the waiting
+    one (a pause kept as the call's outcome would replay it, and what the answer lets run would never run)."""
+    latest = {
+        response.id: response.response
+        for event in session.events
+        if event.author != "user"
+        for response in event.get_function_responses()
+        if response.name != REQUEST_CONFIRMATION
+    }
+    waiting = [call_id for call_id, response in latest.items() if response == WAITING_RESPONSE]
+    if waiting:
+        raise AssertionError(f"the calls {waiting} were answered by their human, but ADK did not run them again")
+
+
+def original_tool(request: types.FunctionCall) -> str:
+    """The name of the tool an ``adk_request_confirmation`` call asks about (its ``originalFunctionCall``)."""
+    original = (request.args or {}).get("originalFunctionCall")
+    name = original.get("name") if isinstance(original, dict) else None
+    return name if isinstance(name, str) else ""
+
+
 class AdkDriver:
     """Builds the agent of ``run`` and runs it to the script's end, resuming the saved invocation."""
 
-    offers = frozenset({"approvals"})
+    offers = frozenset({"approvals", "pauses"})
 
     #: ADK saves the model's event before its calls run and resumes an invocation under the ids it saved: a
     #: resume never asks the model again for a turn it answered, so no call is re-planned under new ids.
@@ -114,6 +189,18 @@ class AdkDriver:
         "(tests/test_adk.py covers it: one UnprotectedCallWarning per tool, or MissingCallIdError)",
     }
 
+    def ask(self, run: AgentRun, question: str) -> str:
+        """A tool waits for its human with ADK's confirmation: the first time, it asks (``request_confirmation``) and
+        returns without acting; ADK runs it again with the human's answer (``tool_context.tool_confirmation``)."""
+        tool_context = _tool_context.get()
+        if tool_context is None:
+            raise RuntimeError("ask() is called outside a tool of the driver")
+        confirmation = tool_context.tool_confirmation
+        if confirmation is None:
+            tool_context.request_confirmation(hint=question)
+            raise _Asked(question)
+        return told(confirmation)
+
     async def _drain(self, events: AsyncGenerator[Event, None]) -> bool:
         """Run the invocation to its end; ``False`` when the plugin refused the answer the call has (it waits)."""
         try:
@@ -134,8 +221,10 @@ class AdkDriver:
         options = dict(run.options)
         needs_approval = bool(options.pop("needs_approval", False))
         tools: list[Any] = [
-            FunctionTool(function, require_confirmation=needs_approval) for function in run.tools.values()
+            FunctionTool(given_context(function), require_confirmation=needs_approval)
+            for function in run.tools.values()
         ]
+        gated = set(run.tools) if needs_approval else set()
         plugins: list[BasePlugin] = []
         if run.protect:
             if run.approval_expires_in is not None:
@@ -157,10 +246,10 @@ class AdkDriver:
                 await service.create_session(app_name=APP, user_id=USER, session_id=run.thread_id)
                 message = types.Content(role="user", parts=[types.Part(text=PROMPT)])
                 events = runner.run_async(user_id=USER, session_id=run.thread_id, new_message=message)
+            elif unanswered(session):  # (ADK's request is a final response: asked before that)
+                events = None  # the invocation stopped for a confirmation: answered below, or left waiting
             elif session.events and session.events[-1].is_final_response():
                 return
-            elif unanswered(session):
-                events = None  # the invocation stopped for a confirmation: answered below, or left waiting
             else:
                 events = runner.run_async(
                     user_id=USER, session_id=run.thread_id, invocation_id=session.events[-1].invocation_id
@@ -170,25 +259,34 @@ class AdkDriver:
                     return  # the plugin refused the answer the call has: it waits for a new decision
                 session = await service.get_session(app_name=APP, user_id=USER, session_id=run.thread_id)
                 asked = unanswered(session) if session is not None else []
+                if not asked and session is not None:
+                    check_resumed(session)
+                # A tool that asked itself (a pause) is answered in every run; an approval only by an approver: with
+                # nobody to answer in this run, the call waits for its human.
+                asked = [call for call in asked if run.approver is not None or original_tool(call) not in gated]
                 if not asked:
                     return
-                if run.approver is None:
-                    return  # nobody answers in this run: the call waits for its human
-                events = runner.run_async(user_id=USER, session_id=run.thread_id, new_message=self._answer(run, asked))
+                message = self._answer(run, asked, gated)
+                events = runner.run_async(user_id=USER, session_id=run.thread_id, new_message=message)
         finally:
             await runner.close()
 
     @staticmethod
-    def _answer(run: AgentRun, asked: list[types.FunctionCall]) -> types.Content:
+    def _answer(run: AgentRun, asked: list[types.FunctionCall], gated: set[str]) -> types.Content:
         """The human's answer to each confirmation asked, as ADK documents it: a function response to its
-        ``adk_request_confirmation`` call carrying a ``ToolConfirmation`` (an edit in the payload, under "args")."""
+        ``adk_request_confirmation`` call carrying a ``ToolConfirmation``. ADK's gate asked for an approval (an edit
+        in the payload, under "args"); a tool that asked itself gets ``AgentRun.answer`` (in the payload, under
+        "answer", and confirmed for a yes)."""
         decided = run.approval
         payload = None if decided.args is None else {"args": dict(decided.args)}
-        confirmation = ToolConfirmation(confirmed=decided.approve, payload=payload)
+        approval = ToolConfirmation(confirmed=decided.approve, payload=payload)
+        pause = ToolConfirmation(confirmed=run.answer == "yes", payload={"answer": run.answer})
         parts = [
             types.Part(
                 function_response=types.FunctionResponse(
-                    name=REQUEST_CONFIRMATION, id=call.id, response=confirmation.model_dump(by_alias=True)
+                    name=REQUEST_CONFIRMATION,
+                    id=call.id,
+                    response=(approval if original_tool(call) in gated else pause).model_dump(by_alias=True),
                 )
             )
             for call in asked

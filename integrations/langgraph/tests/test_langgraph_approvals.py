@@ -570,9 +570,10 @@ def test_tool_node_with_several_calls_takes_an_answer_only_for_the_call_it_names
             {"name": "refund_order", "args": {"order_id": "B2", "amount": 9000}, "id": "call_2", "type": "tool_call"},
         ],
     )
-    with SqliteLedger(tmp_path / "ledger.db") as ledger, SqliteSaver.from_conn_string(
-        str(tmp_path / "checkpoints.db")
-    ) as saver:
+    with (
+        SqliteLedger(tmp_path / "ledger.db") as ledger,
+        SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver,
+    ):
         node = replay_safe_tool_node([reviewed_refund(effects)], ledger=ledger, approver="ana")
         graph = state_graph(scripted(message, final_answer(1)), node, saver)
         # The calls one after another, so each run asks in the same order: side by side, an answer may reach the
@@ -583,7 +584,8 @@ def test_tool_node_with_several_calls_takes_an_answer_only_for_the_call_it_names
             return outcome(graph, graph.invoke(inputs, config, version="v2", durability="sync"))
 
         asked = run({"messages": [HumanMessage("Refund both", id="human-turn1")]})["asked"]
-        assert asked and all(value["name_the_call"] for value in asked)
+        assert asked
+        assert all(value["name_the_call"] for value in asked)
         assert "name this one in your answer" in asked[0]["description"]
         run(Command(resume=APPROVE))  # names no call: not taken for either
         assert lines(effects) == []
