@@ -26,7 +26,7 @@ from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, Tool
 from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
-from langgraph.types import Command
+from langgraph.types import Command, interrupt
 from psycopg import sql
 
 import replaysafe
@@ -598,3 +598,41 @@ def test_tool_node_with_several_calls_takes_an_answer_only_for_the_call_it_names
             "call_1": "refunded A1 30",
             "call_2": "User rejected the tool call for `refund_order` with reason: B2 9000 is fraud",
         }
+
+
+def test_a_reviewed_tool_that_calls_interrupt_itself_stops_the_run_saying_so(tmp_path: Path) -> None:
+    """The tool's pause spends its approval; on the answer to the tool's own question the adapter asks for a new
+    approval, and LangGraph hands it that answer (by its order in the task). The run stops with a ValueError that
+    names the cause and the way out; nothing runs."""
+    effects = tmp_path / "effects.log"
+
+    @tool
+    def ship_replacement(order_id: str) -> str:
+        """Ship a replacement."""
+        warehouse = interrupt({"question": "which warehouse?"})
+        append(str(effects), f"ship {order_id} from {warehouse}")
+        return "shipped"
+
+    message = AIMessage(
+        id="msg-turn1-tools",
+        content="",
+        tool_calls=[{"name": "ship_replacement", "args": {"order_id": "A1"}, "id": "call_1", "type": "tool_call"}],
+    )
+    with (
+        SqliteLedger(tmp_path / "ledger.db") as ledger,
+        SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver,
+    ):
+        review = ReplaySafeHumanInTheLoopMiddleware({"ship_replacement": True}, ledger=ledger, approver="ana")
+        graph = create_agent(
+            scripted(message, final_answer(1)),
+            [ship_replacement],
+            middleware=[review, ReplaySafeMiddleware(ledger, approver="ana")],
+            checkpointer=saver,
+        )
+        config: Any = {"configurable": {"thread_id": THREAD}}
+        graph.invoke({"messages": [HumanMessage("Ship A1", id="human-turn1")]}, config, version="v2")
+        paused = graph.invoke(Command(resume={"decisions": [APPROVE]}), config, version="v2")
+        assert [i.value for i in paused.interrupts] == [{"question": "which warehouse?"}]
+        with pytest.raises(ValueError, match=r"must not call interrupt\(\) itself"):
+            graph.invoke(Command(resume="warehouse-7"), config, version="v2")
+    assert lines(effects) == []

@@ -185,9 +185,15 @@ def _decision_of(value: Any, kind: object, request: ToolCallRequest) -> Answer:
     if kind in ("reject", "respond"):
         message = value.get("message")
         return Answer("reject", reason=str(message) if message else None)
+    name = request.tool_call["name"]
     raise ValueError(
-        f"the answer to the approval of {request.tool_call['name']} is a decision: {{'type': 'approve'}}, "
-        "{'type': 'edit', 'edited_action': {'name': ..., 'args': {...}}} or {'type': 'reject', 'message': ...}"
+        f"the answer LangGraph handed to the approval of {name} (tool call {request.tool_call['id']}) is not a "
+        "decision: answer it with {'type': 'approve'}, {'type': 'edit', 'edited_action': {'name': ..., 'args': "
+        "{...}}} or {'type': 'reject', 'message': ...}. If the answer was for a question of the tool's own (it "
+        f"calls interrupt()): LangGraph hands a task's answers back by their order alone, so the answers to {name}'s "
+        "own questions reach the approval's questions, which its pauses ask again. A tool that needs approval "
+        "must not call interrupt() itself: ask before it (a review node, or HumanInTheLoopMiddleware), or run it "
+        "without approvals"
     )
 
 
