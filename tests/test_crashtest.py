@@ -11,6 +11,7 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from replaysafe._cli import main
@@ -150,6 +151,15 @@ def test_a_server_ledger_gives_each_case_its_own_namespace(ledger: str, postgres
     urls = {"postgres": postgres_url, "redis": redis_url, "tiered": servers.with_query(postgres_url, cache=redis_url)}
     report = run("protected", points=["after-record"], ledger=urls[ledger])
     assert verdicts(report) == {"1@after-record": (1, "holds"), "2@after-record": (1, "holds")}
+    if ledger != "redis":  # each case's table and claim function, dropped once the cases ran
+        schema = urllib.parse.parse_qs(urllib.parse.urlsplit(postgres_url).query)["schema"][0]
+        with psycopg.connect(servers.libpq_url(postgres_url.split("?")[0]), autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = %s UNION ALL SELECT proname FROM pg_proc "
+                "JOIN pg_namespace n ON n.oid = pronamespace WHERE n.nspname = %s",
+                (schema, schema),
+            ).fetchall()
+        assert left == []
 
 
 def test_a_case_on_a_tiered_ledger_gets_a_table_and_a_cache_prefix_of_its_own() -> None:

@@ -34,7 +34,7 @@ from psycopg.pq import ConnStatus, ExecStatus, TransactionStatus
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
-from sqlalchemy.schema import CreateIndex, CreateSchema, CreateTable
+from sqlalchemy.schema import CreateIndex, CreateSchema, CreateTable, DropTable
 
 from .._records import ClaimResult, Record
 from ._idle import IdleConnections
@@ -542,6 +542,17 @@ class PostgresLedger(SqlLedger):
 
     def _claim_function_element(self) -> sa.ExecutableDDLElement:
         return sa.DDL(self._ops.claim_function_ddl())  # type: ignore[no-untyped-call]
+
+    def drop(self) -> None:
+        """Drop the ledger's table and claim function, with every record in them (its schema stays): for a ledger
+        made for one run, as each case of ``replaysafe crashtest --ledger postgresql://...`` is."""
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="READ COMMITTED")
+            with conn.begin():
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_DDL_LOCK)))
+                conn.execute(DropTable(self.table, if_exists=True))
+                # The function's name is the one the ledger made it under: quoted by SQLAlchemy's preparer.
+                conn.execute(sa.DDL(f"DROP FUNCTION IF EXISTS {self._ops.claim_function}"))  # type: ignore[no-untyped-call]
 
     def ddl(self, dialect: sa.Dialect | None = None) -> list[str]:
         """The statements that create the schema, table, indexes and claim function, for an operator's migrations."""

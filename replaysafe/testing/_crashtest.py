@@ -355,7 +355,8 @@ class _Runner:
         return _Run([line for line in lines if line["run"] == run], code, printed)
 
     def clean(self) -> None:
-        """Remove what the cases wrote on a server ledger (their records; a table stays, empty)."""
+        """Remove what the cases wrote on a server ledger: their records, and on PostgreSQL the table and claim
+        function each case's ledger made."""
         from ..ledgers import open_ledger
 
         for url in self._opened:
@@ -364,7 +365,11 @@ class _Runner:
             try:
                 with open_ledger(url) as ledger:
                     for record in list(ledger.records()):
-                        ledger.delete(record.key)
+                        ledger.delete(record.key)  # a tiered ledger's cache too
+                    durable = getattr(ledger, "truth", ledger)  # a tiered ledger's PostgreSQL
+                    drop = getattr(durable, "drop", None)
+                    if callable(drop):
+                        drop()
             except Exception:
                 print(f"replaysafe crashtest: could not remove the records of {url}", file=sys.stderr)
 

@@ -25,7 +25,7 @@ from replaysafe import CallKey, LedgerError, PostgresLedger, SqliteLedger, Statu
 from replaysafe.ledgers._sql import Step
 from replaysafe.ledgers.postgres import _psycopg_url
 
-from ..servers import libpq_url, with_driver
+from ..servers import libpq_url, with_driver, with_query
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
 LEASE = NOW + dt.timedelta(minutes=5)
@@ -631,3 +631,29 @@ def test_records_read_back_as_the_same_utc_instants_in_any_session_zone(postgres
             assert (record.created_at, record.updated_at, record.lease_expires_at) == (NOW, NOW, LEASE)
             assert record.created_at.utcoffset() == dt.timedelta(0)
         ledger.purge_thread("t")
+
+
+def objects(postgres_url: str, like: str) -> list[str]:
+    """The tables and functions in the test's schema whose names start with ``like``."""
+    server, schema = _split(postgres_url)
+    with psycopg.connect(libpq_url(server), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename LIKE %s "
+            "UNION ALL SELECT proname FROM pg_proc JOIN pg_namespace n ON n.oid = pronamespace "
+            "WHERE n.nspname = %s AND proname LIKE %s",
+            (schema, like + "%", schema, like + "%"),
+        ).fetchall()
+    return sorted(row[0] for row in rows)
+
+
+def test_drop_removes_the_table_and_its_claim_function_and_a_new_ledger_makes_them_again(postgres_url: str) -> None:
+    url = with_query(postgres_url, table="one_run")
+    with replaysafe.open_ledger(url) as ledger:
+        assert claim(ledger, CallKey("t", "m", "c"))
+        assert objects(postgres_url, "one_run") == ["one_run", "one_run_try_claim"]
+        ledger.drop()  # type: ignore[attr-defined]
+        assert objects(postgres_url, "one_run") == []
+        ledger.drop()  # type: ignore[attr-defined]  # dropped already: nothing to do
+    with replaysafe.open_ledger(url) as again:
+        assert again.get(CallKey("t", "m", "c")) is None
+        assert claim(again, CallKey("t", "m", "c"))
