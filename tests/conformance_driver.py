@@ -204,3 +204,20 @@ class DeafDriver(LoopDriver):
 
 
 DEAF = DeafDriver()
+
+
+class RejectionAsApprovalDriver(LoopDriver):
+    """A framework whose own gate answers a rejected call (the tool never runs), and a wrong adapter that records
+    the rejection as an approval: nothing runs twice, or at all, and the check fails all the same."""
+
+    def _call(self, run: AgentRun, key: tuple[str, str, str], place: str, name: str, args: dict[str, Any]) -> Any:
+        if run.protect and run.options.get("needs_approval"):
+            answer = self._answer(run, key, place, args)
+            if not answer["approve"]:
+                protected = replay_safe(ledger=run.ledger, name=name, **run.options)(run.tools[name])
+                self._record(run, key, protected, args, {**answer, "approve": True})
+                return {"error": "rejected by its human"}
+        return super()._call(run, key, place, name, args)
+
+
+REJECTION_AS_APPROVAL = RejectionAsApprovalDriver()

@@ -72,3 +72,8 @@ def test_a_pause_whose_answer_never_reaches_the_tool_fails() -> None:
     that was not killed must run what the yes lets run, once."""
     with pytest.raises(conformance.ConformanceError, match="notify_effect` 0 time"):
         conformance.check("tests.conformance_driver:DEAF", scenario("pause_approved"))
+
+
+def test_a_rejection_recorded_as_an_approval_fails_where_the_framework_gates_first() -> None:
+    with pytest.raises(conformance.ConformanceError, match="`approved` decision"):
+        conformance.check("tests.conformance_driver:REJECTION_AS_APPROVAL", scenario("approval_rejected"))

@@ -114,6 +114,8 @@ class CaseResult:
     effects: dict[str, int] = dataclasses.field(default_factory=dict)
     #: The same, in the resumed run alone.
     resumed_effects: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: The decisions written on calls in all of the case's runs (``approved``, ``rejected``), by kind.
+    decisions: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def broken(self) -> bool:
@@ -201,6 +203,7 @@ class CrashReport:
                     "seconds": round(c.seconds, 3),
                     "effects": c.effects,
                     "resumed_effects": c.resumed_effects,
+                    "decisions": c.decisions,
                 }
                 for c in self.cases
             ],
@@ -411,6 +414,10 @@ def _calls(lines: Iterable[dict[str, Any]]) -> list[Call]:
     return list(calls.values())
 
 
+#: The events of a decision written on a call, as the case's log names them.
+_DECISIONS = frozenset({"approved", "rejected"})
+
+
 @dataclasses.dataclass
 class _Tally:
     """What runs did: each call's body starts that did not end in a pause (by key and by tool), and each marked
@@ -426,6 +433,8 @@ class _Tally:
     tools: dict[Key, str] = dataclasses.field(default_factory=dict)
     #: Every call that reached a point, started or not (a call rejected, or waiting for a decision, never starts).
     seen: set[Key] = dataclasses.field(default_factory=set)
+    #: The decisions written on calls (``approved``, ``rejected``: ``replaysafe.approvals``), by kind.
+    decisions: Counter[str] = dataclasses.field(default_factory=Counter)
 
     def allowed_starts(self, key: Key) -> int:
         """How often the call ``key`` starts in this run: 1 for a call it did not make (counted by tool instead)."""
@@ -452,6 +461,8 @@ def _tally(lines: Iterable[dict[str, Any]]) -> _Tally:
                     # come between.) A call paused with no start (an approval asked for) has none to take back.
                     tally.starts[key] -= 1
                     tally.tool_starts[line["tool"]] -= 1
+        elif line["kind"] == "event" and line["event"] in _DECISIONS:
+            tally.decisions[line["event"]] += 1
         elif line["kind"] == "event" and line["event"] == "unprotected":
             tally.unprotected[line["tool"] + _RUN_WITHOUT_IDS] += 1
         elif line["kind"] == "effect":
@@ -767,10 +778,12 @@ def _run_case(
         resumed = runner.run(folder, "resume", url)
         done = _tally(crashed.lines + resumed.lines)
         ran, expected, verdict, details = _verdict(call, effect, crashed, resumed, report, done)
+        decisions = Counter(done.decisions)
         for number in range(2, runner.restarts + 1):
             if verdict in _UNTESTED:
                 break
             again = runner.run(folder, f"restart-{number}", url)
+            decisions += _tally(again.lines).decisions
             made = Counter(line["name"] for line in again.lines if line["kind"] == "effect")
             made.update(line["tool"] for line in again.lines if line["kind"] == "event" and line["event"] == "started")
             if made:
@@ -787,6 +800,7 @@ def _run_case(
         result = CaseResult(name, tool, key, point, ran, expected, verdict, details, reproduce)
         result.effects = dict(done.effects)
         result.resumed_effects = dict(_tally(resumed.lines).effects)
+        result.decisions = dict(decisions)
     result.seconds = time.monotonic() - started
     if keep or result.broken or result.untested:
         result.folder = str(folder)

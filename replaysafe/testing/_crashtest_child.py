@@ -37,6 +37,8 @@ _LOGGED = {
     EventKind.DUPLICATE_DETECTED,
     EventKind.MISMATCH,
     EventKind.TAMPERED,
+    EventKind.APPROVED,
+    EventKind.REJECTED,
 }
 
 

@@ -166,6 +166,11 @@ class Scenario:
     never_on_resume_after: frozenset[str] | None = None
     #: Side effects that must not run at all, in any run (a rejected call's).
     never_runs: frozenset[str] = frozenset()
+    #: Decisions (``approved``, ``rejected``) the adapter must never write, in any run: a rejection recorded as an
+    #: approval fails, even where the framework's own gate keeps the tool from running.
+    never_decided: frozenset[str] = frozenset()
+    #: Decisions the adapter must write in the run that is not killed: the framework's answer, recorded.
+    baseline_decided: frozenset[str] = frozenset()
     #: Whether a case's resume may end waiting for its human with work of the run that was not killed left
     #: undone (an approval refused on resume). Otherwise every side effect that run made is made across the
     #: killed run and its resume: a resume that gives up early fails the check.
@@ -196,7 +201,7 @@ class Scenario:
         tool that ``runs_unprotected``: a case that does not name it as run without ids."""
         if self.runs_unprotected is not None:
             return bool(_not_said_unprotected(self, report))
-        return report.exit_code == 1 or bool(_never_ran(self, report))
+        return report.exit_code == 1 or bool(_never_ran(self, report)) or bool(_decided(self, report))
 
     def cases_broken(self, report: CrashReport) -> int:
         """How many cases of ``report`` break this scenario's promise, each judged alone (``broken_by``)."""
@@ -419,6 +424,8 @@ SCENARIOS: tuple[Scenario, ...] = (
         approval=ApprovalAnswer(approve=False),
         never_on_resume=frozenset({f"{_MODULE}:refund_effect"}),
         never_runs=frozenset({f"{_MODULE}:refund_effect"}),
+        never_decided=frozenset({"approved"}),
+        baseline_decided=frozenset({"rejected"}),
         control_run={"approval": ApprovalAnswer(approve=True)},
         needs=frozenset({"approvals"}),
     ),
@@ -606,6 +613,7 @@ def check(
         ) from None
     ran = (
         _never_ran(scenario, held)
+        + _decided(scenario, held)
         + _baseline_ran(scenario, held)
         + _other_arguments(scenario, held)
         + _not_said_unprotected(scenario, held)
@@ -695,6 +703,29 @@ def _not_said_unprotected(scenario: Scenario, report: CrashReport) -> str:
         if case.verdict != UNPROTECTED or not any(said in detail for detail in case.details)
     ]
     return "".join(lines) if lines or report.cases else f"\n  no case ran: {tool} was never run"
+
+
+def _decided(scenario: Scenario, report: CrashReport) -> str:
+    """Each ``never_decided`` decision written in any run, and each ``baseline_decided`` one the run that was not
+    killed did not write ("" when there is none)."""
+    lines = [
+        f"\n  the run that was not killed wrote {report.baseline.decisions[kind]} `{kind}` decision(s), which this "
+        "case forbids"
+        for kind in sorted(scenario.never_decided)
+        if report.baseline.decisions.get(kind)
+    ]
+    lines += [
+        f"\n  case {case.case}: {case.decisions[kind]} `{kind}` decision(s) written, which this case forbids"
+        for case in report.cases
+        for kind in sorted(scenario.never_decided)
+        if case.decisions.get(kind)
+    ]
+    lines += [
+        f"\n  the run that was not killed wrote no `{kind}` decision: the framework's answer was not recorded"
+        for kind in sorted(scenario.baseline_decided)
+        if not report.baseline.decisions.get(kind)
+    ]
+    return "".join(lines)
 
 
 def _baseline_ran(scenario: Scenario, report: CrashReport) -> str:
