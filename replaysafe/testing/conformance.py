@@ -657,18 +657,9 @@ def check(
 def _never_ran(scenario: Scenario, report: CrashReport) -> str:
     """What ran of the scenario's ``never_on_resume`` effects in each case of ``report``, and of its ``never_runs``
     effects in any run ("" when nothing did)."""
-    lines = [
-        f"\n  `{name}` ran {report.baseline.effects[name]} time(s) in the run that was not killed, which this case "
-        "forbids"
-        for name in sorted(scenario.never_runs)
-        if report.baseline.effects.get(name)
-    ]
-    lines += [
-        f"\n  case {case.case}: `{name}` ran {case.effects[name]} time(s), which this case forbids"
-        for case in report.cases
-        for name in sorted(scenario.never_runs)
-        if case.effects.get(name)
-    ]
+    lines = _forbidden(
+        report, scenario.never_runs, lambda run: run.effects, lambda name, count: f"`{name}` ran {count} time(s)"
+    )
     # The kill points name the scenario's own calls: an adapter's record of its own (the marker of an answer it
     # recorded, say) killed at "inside" has not run the tool, whose run on resume may then be its first.
     tools = {
@@ -705,21 +696,37 @@ def _not_said_unprotected(scenario: Scenario, report: CrashReport) -> str:
     return "".join(lines) if lines or report.cases else f"\n  no case ran: {tool} was never run"
 
 
+def _forbidden(
+    report: CrashReport,
+    names: frozenset[str],
+    counts: Callable[[Any], Mapping[str, int]],
+    said: Callable[[str, int], str],
+) -> list[str]:
+    """A line for each of ``names`` that the run that was not killed, or a case's runs, counted (``counts`` of
+    the report's baseline, or of a case)."""
+    lines = [
+        f"\n  in the run that was not killed, {said(name, counts(report.baseline)[name])}, which this case forbids"
+        for name in sorted(names)
+        if counts(report.baseline).get(name)
+    ]
+    lines += [
+        f"\n  case {case.case}: {said(name, counts(case)[name])}, which this case forbids"
+        for case in report.cases
+        for name in sorted(names)
+        if counts(case).get(name)
+    ]
+    return lines
+
+
 def _decided(scenario: Scenario, report: CrashReport) -> str:
     """Each ``never_decided`` decision written in any run, and each ``baseline_decided`` one the run that was not
     killed did not write ("" when there is none)."""
-    lines = [
-        f"\n  the run that was not killed wrote {report.baseline.decisions[kind]} `{kind}` decision(s), which this "
-        "case forbids"
-        for kind in sorted(scenario.never_decided)
-        if report.baseline.decisions.get(kind)
-    ]
-    lines += [
-        f"\n  case {case.case}: {case.decisions[kind]} `{kind}` decision(s) written, which this case forbids"
-        for case in report.cases
-        for kind in sorted(scenario.never_decided)
-        if case.decisions.get(kind)
-    ]
+    lines = _forbidden(
+        report,
+        scenario.never_decided,
+        lambda run: run.decisions,
+        lambda kind, count: f"{count} `{kind}` decision(s) written",
+    )
     lines += [
         f"\n  the run that was not killed wrote no `{kind}` decision: the framework's answer was not recorded"
         for kind in sorted(scenario.baseline_decided)
