@@ -168,7 +168,15 @@ def test_a_case_on_a_tiered_ledger_gets_a_table_and_a_cache_prefix_of_its_own() 
     query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(_namespaced(given, "case_7")).query))
     assert query["table"] == "case_7"
     cache = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(query["cache"]).query))
-    assert cache["prefix"] == "app:case_7:"
+    assert cache["prefix"] == "app:case_7"
+
+
+@pytest.mark.parametrize(("given", "prefix"), [("", "case_7"), ("app", "app:case_7"), ("app:", "app:case_7")])
+def test_a_case_on_redis_keeps_under_the_given_prefix(given: str, prefix: str) -> None:
+    """The case's keys stay under the user's prefix (its keys are ``<prefix>:...``), as an ACL's ``~app:*`` allows."""
+    url = "redis://cache:6379/0" + (f"?prefix={given}" if given else "")
+    query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(_namespaced(url, "case_7")).query))
+    assert query["prefix"] == prefix
 
 
 def test_the_command_writes_junit_and_json(

@@ -383,7 +383,10 @@ def _namespaced(ledger: str, name: str) -> str:
     parts = urllib.parse.urlsplit(ledger)
     option = _NAMESPACES[parts.scheme.lower().partition("+")[0]]
     query = dict(urllib.parse.parse_qsl(parts.query))
-    query[option] = f"{query.get(option, '')}{name}:" if option == "prefix" else name
+    # Under the given prefix, as a key of its own would be ("app" -> "app:<case>:{...}"), so a Redis user whose ACL
+    # allows "~app:*" may run the cases.
+    given = query.get(option, "")
+    query[option] = f"{given.rstrip(':')}:{name}" if option == "prefix" and given else name
     cache = urllib.parse.urlsplit(query.get("cache", "")).scheme.lower()
     if cache in _NAMESPACES:  # a cache shared by the cases would answer one case with another's records
         query["cache"] = _namespaced(query["cache"], name)
