@@ -149,8 +149,8 @@ class LoopDriver:
         # Asked with the arguments the human saw, not the call's: a call asked again with others is refused.
         approvals.request(key, tool=protected, args=answer["asked"], ledger=run.ledger)
         if answer["approve"]:
-            expires = {} if run.approval_expires_in is None else {"expires_in": run.approval_expires_in}
-            approvals.approve(key, by=APPROVER, args=answer["args"], ledger=run.ledger, **expires)
+            expires = approvals.DEFAULT_EXPIRY if run.approval_expires_in is None else run.approval_expires_in
+            approvals.approve(key, by=APPROVER, args=answer["args"], ledger=run.ledger, expires_in=expires)
         else:
             approvals.reject(key, by=APPROVER, reason="the human said no", ledger=run.ledger)
 

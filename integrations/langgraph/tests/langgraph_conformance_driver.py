@@ -193,9 +193,9 @@ def recorded(key: CallKey, decided: Mapping[str, Any], run: AgentRun) -> None:
         approvals.reject(key, by=APPROVER, reason=str(decided["message"]), ledger=run.ledger)
         return
     edit = decided["edited_action"]["args"] if decided["type"] == "edit" else None
-    expiry = {} if run.approval_expires_in is None else {"expires_in": run.approval_expires_in}
+    expiry = approvals.DEFAULT_EXPIRY if run.approval_expires_in is None else run.approval_expires_in
     approvals.approve(
-        key, by=APPROVER, args=None if edit is None else {"args": dict(edit)}, ledger=run.ledger, **expiry
+        key, by=APPROVER, args=None if edit is None else {"args": dict(edit)}, ledger=run.ledger, expires_in=expiry
     )
 
 

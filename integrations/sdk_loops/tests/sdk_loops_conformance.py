@@ -328,8 +328,8 @@ def record(run: AgentRun, key: CallKey, tool: Callable[..., Any], kept: Mapping[
     if not kept["approve"]:
         approvals.reject(key, by=kept["by"], reason=REJECTED_BECAUSE, ledger=run.ledger)
         return
-    expires = {} if run.approval_expires_in is None else {"expires_in": run.approval_expires_in}
-    approvals.approve(key, by=kept["by"], args=kept["args"], ledger=run.ledger, **expires)
+    expires = approvals.DEFAULT_EXPIRY if run.approval_expires_in is None else run.approval_expires_in
+    approvals.approve(key, by=kept["by"], args=kept["args"], ledger=run.ledger, expires_in=expires)
 
 
 def save(path: Path, state: Any) -> None:
