@@ -326,6 +326,28 @@ async def test_a_rejection_after_a_crash_revokes_the_approval_recorded_before_it
     assert lines(files["effects"]) == []
 
 
+async def test_a_rejection_is_recorded_once_though_every_later_model_call_sees_it(
+    ledger: SqliteLedger, files: dict[str, str], events: list[replaysafe.Event]
+) -> None:
+    """A1 rejected; the model then asks for B2, approved in a later run; the model is called again with A1's
+    rejection in its input each time: the rejection is written once."""
+    await ask(ledger, files["state"], files["effects"], True)
+    steps = [refund_step("B2", "call_2", "fc_2"), DONE]
+    agent = build(files["effects"], ledger, True, steps)
+    stored = await asyncio.to_thread(Path(files["state"]).read_text, encoding="utf-8")
+    state = await RunState.from_json(agent, json.loads(stored))
+    for interruption in state.get_interruptions():
+        state.reject(interruption, rejection_message="Refunds need a manager.")
+    asked_again = await Runner.run(agent, state, run_config=RUN_CONFIG)  # the model asks for B2: held back
+    state = asked_again.to_state()
+    for interruption in state.get_interruptions():
+        state.approve(interruption)
+    done = await Runner.run(agent, state, run_config=RUN_CONFIG)
+    assert done.final_output == "Refunded."
+    assert lines(files["effects"]) == ["refund B2"]
+    assert [event.kind for event in events].count(replaysafe.EventKind.REJECTED) == 1
+
+
 async def test_a_second_call_with_the_same_arguments_under_other_ids_asks_again(
     ledger: SqliteLedger, files: dict[str, str]
 ) -> None:

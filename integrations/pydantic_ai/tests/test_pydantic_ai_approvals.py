@@ -298,6 +298,17 @@ async def test_a_rejected_call_never_runs(protect: bool, files: dict[str, str], 
         assert lines(files["effects"]) == ["refund A1 30"]
 
 
+async def test_a_denial_handed_to_a_retry_is_recorded_once(
+    files: dict[str, str], ledger: SqliteLedger, events: list[replaysafe.Event]
+) -> None:
+    await ask(ledger, files["history"], files["effects"], protect=True)
+    for _ in range(2):  # the same deferred_tool_results handed to a retry
+        denied = await answer_run(ledger, files["history"], files["effects"], {"deny": "not this one"}, protect=True)
+        assert denied["returns"] == [("not this one", "denied")]
+    assert [event.kind for event in events].count(replaysafe.EventKind.REJECTED) == 1
+    assert lines(files["effects"]) == []
+
+
 @pytest.mark.parametrize("protect", [True, False])
 async def test_an_approval_handed_to_a_second_call_with_the_same_arguments_asks_again(
     protect: bool, files: dict[str, str], ledger: SqliteLedger

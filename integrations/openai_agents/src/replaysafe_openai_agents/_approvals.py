@@ -14,6 +14,7 @@ paused call: it revokes an approval not yet spent.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 from collections.abc import Callable, Mapping
@@ -120,6 +121,9 @@ class Approving:
         reason = context.get_rejection_message(self.tool.name, call.call_id) or SDK_REJECTION
         try:
             await approvals.arequest(key, tool=self.target, args=self.args_of(call.arguments), ledger=self.ledger)
+            found = await asyncio.to_thread(approvals.state, key, ledger=self.ledger)
+            if found is not None and found.decision is not None and found.decision.decision == "rejected":
+                return  # recorded already: every later model call of the run sees the rejected call again
             await approvals.areject(key, by=self.by(ctx), reason=reason, ledger=self.ledger)
         except (ValueError, RuntimeError):  # run, running or in doubt; or decided meanwhile: the claim decides
             return

@@ -280,6 +280,9 @@ class ReplaySafe(AbstractCapability[Any]):
         by = self.approver if isinstance(self.approver, str) else self.approver(ctx, call)
         if isinstance(answer, ToolDenied):
             try:
+                found = await asyncio.to_thread(approvals.state, key, ledger=self.ledger)
+                if found is not None and found.decision is not None and found.decision.decision == "rejected":
+                    return True  # recorded already (the same results handed to a retry)
                 await approvals.areject(key, by=by, reason=answer.message or "denied", ledger=self.ledger)
             except LookupError:
                 return False  # no request on record for this call: it asks
