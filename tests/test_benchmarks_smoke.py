@@ -265,3 +265,30 @@ def test_the_common_path_written_straight_records_and_replays_as_a_protected_cal
         written_straight("o-1")
     with tool_call("t", "m", "c"), pytest.raises(NotImplementedError):  # other arguments: a mismatch
         written_straight("o-2")
+
+
+def _crash_matrix(out: Path, driver: str) -> subprocess.CompletedProcess[str]:
+    command = ["-m", "benchmarks.crash", "--jobs", "2", "--ledger", "sqlite", "--scenario", "in_doubt_raise"]
+    return subprocess.run(
+        [sys.executable, *command, "--driver", f"reference loop={driver}", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_crash_matrix_counts_the_kills_of_the_scenarios_asked_for_with_cases_side_by_side(tmp_path: Path) -> None:
+    """``python -m benchmarks.crash --jobs 2``: one scenario on one driver and ledger, every case counted in
+    the table; an adapter that does not protect makes the run fail and the duplicate counted."""
+    held = _crash_matrix(tmp_path / "held.md", "tests.conformance_driver:DRIVER")
+    assert held.returncode == 0, held.stdout[-4000:] + held.stderr[-4000:]
+    table = (tmp_path / "held.md").read_text()
+    # in_doubt_raise: one call, killed at each of its four points; the control (no adapter) at its one case.
+    assert "**5 SIGKILL scenarios**, 4 with the adapter (0 duplicates where none is promised)" in table, table
+    assert "| reference loop | sqlite | in_doubt_raise | 4 | 0 | 1 | 1 |" in table, table
+    broken = _crash_matrix(tmp_path / "broken.md", "tests.conformance_driver:UNPROTECTED")
+    assert broken.returncode == 1, broken.stdout[-4000:] + broken.stderr[-4000:]
+    assert "FAIL reference loop sqlite in_doubt_raise" in broken.stdout, broken.stdout[-4000:]
+    assert "| reference loop | sqlite | in_doubt_raise | 0 | 1 | 0 | 0 |" in (tmp_path / "broken.md").read_text()

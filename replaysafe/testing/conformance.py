@@ -571,6 +571,7 @@ def _crashtest(
     case: str | None,
     ledger: str | None,
     run: Mapping[str, Any] | None = None,
+    jobs: int = 1,
 ) -> CrashReport:
     changes = {
         name: dataclasses.asdict(value) if isinstance(value, ApprovalAnswer) else value
@@ -583,6 +584,7 @@ def _crashtest(
         policy=scenario.policy,  # type: ignore[arg-type]
         case=case,
         keep=False,
+        jobs=jobs,
         timeout=120,
         # A start after the resume must run nothing: an answer a human gave, recorded twice, shows only then. (Asked of
         # the scenarios with a human in them: each start is one more child process per case.)
@@ -596,14 +598,17 @@ class ConformanceError(AssertionError):
 
 
 def check(
-    driver: str, scenario: Scenario, *, every_case: bool = False, ledger: str | None = None
+    driver: str, scenario: Scenario, *, every_case: bool = False, ledger: str | None = None, jobs: int = 1
 ) -> tuple[CrashReport, CrashReport]:
     """Crash-test ``scenario`` on the agent ``driver`` (``"module:attribute"``, importable by a child process)
     builds, with the adapter and without it; raise ``ConformanceError`` unless the adapter holds and the
     control shows the duplicate. Returns both reports. ``ledger``: a server's URL (each case gets a table
-    or key prefix of its own there); by default a SQLite file in each case's directory."""
+    or key prefix of its own there); by default a SQLite file in each case's directory. ``jobs``: cases run side
+    by side (each in its own directory and ledger namespace)."""
     try:
-        held = _crashtest(driver, scenario, True, scenario.options, None if every_case else scenario.case, ledger)
+        held = _crashtest(
+            driver, scenario, True, scenario.options, None if every_case else scenario.case, ledger, jobs=jobs
+        )
     except CrashTestError as exc:
         if scenario.runs_unprotected is None or "no case" not in str(exc):
             raise
@@ -632,6 +637,7 @@ def check(
         None if every_case else control_case,
         ledger,
         scenario.control_run,
+        jobs,
     )
     if not scenario.broken_by(control):
         which = (
