@@ -6,8 +6,8 @@ child process and one resume. It counts the SIGKILL scenarios run and the duplic
 promise none (a held case that broke), and writes the table to ``--out`` (default
 ``benchmarks/results/crash-matrix.md``). CI runs each scenario's key case once, on SQLite.
 
-    .venv/bin/python -m benchmarks.crash [--rounds N] [--jobs N] [--ledger URL ...] [--driver NAME=MODULE:ATTR ...]
-                                         [--scenario NAME ...]
+    .venv/bin/python -m benchmarks.crash [--rounds N] [--jobs N] [--ledger URL ...] [--scenario NAME ...]
+                                         [--driver NAME ...] [--driver NAME=MODULE:ATTR ...]
 """
 
 from __future__ import annotations
@@ -37,9 +37,14 @@ DRIVERS = {
     "OpenAI Agents SDK": ("integrations/openai_agents/tests", "agents_conformance:DRIVER"),
     "LlamaIndex": ("integrations/llamaindex/tests", "llamaindex_conformance:DRIVER"),
 }
-#: The adapters of integrations/isolated.toml (10xGraph, Google ADK, CrewAI, Strands) run their matrix in their own
-#: environment (integrations/run-isolated makes it), from their tests directory, e.g. for 10xGraph:
-#: ``PYTHONPATH=tests .venv312/bin/python -m replaysafe.testing.conformance tenxgraph_conformance_driver:DRIVER``.
+#: The adapters of integrations/isolated.toml, each run by name from its own environment (integrations/run-isolated
+#: makes it), e.g. ``integrations/adk/.venv311/bin/python -m benchmarks.crash --driver "Google ADK"``.
+ISOLATED = {
+    "10xGraph": ("integrations/tenxgraph/tests", "tenxgraph_conformance_driver:DRIVER"),
+    "Google ADK": ("integrations/adk/tests", "adk_conformance:DRIVER"),
+    "CrewAI": ("integrations/crewai/tests", "crewai_conformance:DRIVER"),
+    "Strands": ("integrations/strands/tests", "strands_conformance:DRIVER"),
+}
 LEDGERS = [
     "sqlite",
     "postgresql://root@127.0.0.1:5432/test",
@@ -58,15 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=1, help="cases of one scenario run side by side")
     parser.add_argument("--ledger", action="append", help="sqlite, or a server's URL (default: all four)")
-    parser.add_argument("--driver", action="append", help="NAME=MODULE:ATTR (default: every adapter's)")
+    parser.add_argument(
+        "--driver", action="append", help="an adapter's NAME, or NAME=MODULE:ATTR (default: every adapter's)"
+    )
     parser.add_argument("--scenario", action="append", help="a scenario's name (default: every one a driver offers)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "crash-matrix.md")
     args = parser.parse_args(argv)
     drivers = dict(DRIVERS)
-    if args.driver:  # a driver of DRIVERS keeps its directory; another must be importable as it is
-        folder_of = {spec: folder for folder, spec in DRIVERS.values()}
-        chosen = [spec.partition("=") for spec in args.driver]
-        drivers = {name: (folder_of.get(spec, ""), spec) for name, _, spec in chosen}
+    if args.driver:  # a known adapter's driver keeps its directory; another must be importable as it is
+        known = {**DRIVERS, **ISOLATED}
+        folder_of = {spec: folder for folder, spec in known.values()}
+        drivers = {}
+        for given in args.driver:
+            name, _, spec = given.partition("=")
+            drivers[name] = known[given] if given in known else (folder_of.get(spec, ""), spec)
     ledgers = args.ledger or LEDGERS
     # The drivers' directories, importable here and in the kit's child processes.
     folders = [str(ROOT), *(str(ROOT / folder) for folder, _ in drivers.values() if folder)]
