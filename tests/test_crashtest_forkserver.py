@@ -44,6 +44,8 @@ def test_the_runs_after_discovery_fork_from_a_server_that_imported_the_agents_mo
     assert report.exit_code == 0
     assert [case.verdict for case in report.cases] == ["holds", "holds"]
     assert imported_ahead(report) == {"crash": "True", "resume": "True"}
+    # The server's objects are frozen: a run's collections (on, as in any process) walk only what it made.
+    assert noted(report, "collector") == {"crash": "on=True frozen=True", "resume": "on=True frozen=True"}
 
 
 def test_the_resume_runs_under_another_hash_seed_than_the_run_that_crashed() -> None:
@@ -57,6 +59,7 @@ def test_with_the_server_turned_off_each_run_is_a_new_interpreter(monkeypatch: p
     report = run()
     assert report.exit_code == 0
     assert imported_ahead(report) == {"crash": "False", "resume": "False"}
+    assert noted(report, "collector") == {"crash": "on=True frozen=False", "resume": "on=True frozen=False"}
 
 
 def test_a_forked_run_reads_replaysafes_settings_from_its_own_environment() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -103,6 +104,7 @@ def _serve(replies: int) -> dict[str, Any] | None:
                 request = json.loads(line)
                 pid = os.fork()
                 if pid == 0:  # the run: leave the server's loop with everything it set up undone
+                    gc.enable()
                     signal.set_wakeup_fd(previous_wakeup)
                     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     selector.close()
@@ -193,11 +195,16 @@ def main() -> None:
         _learn(kind, target, argv)
         return
     preload = json.loads(sys.stdin.readline())
+    # The runs share the objects of every module imported here, and a run's garbage collections walked them all
+    # (most of a run's time) and wrote to their pages (copying them). Imported with collections off (no holes
+    # left in those pages), then frozen: a run's collections see only the objects the run made.
+    gc.disable()
     given = json.loads(os.environ.get(_case.SYS_PATH_ENV, "[]"))
     sys.path.extend(path for path in given if path not in sys.path)
     from . import _crashtest_child  # noqa: F401  # the run's own code, imported once too
 
     _preload(preload)
+    gc.freeze()
     # Forking a process that runs threads copies their locks mid-use: such a server is not used.
     forks = threading.active_count() == 1
     sys.stdout.flush()
