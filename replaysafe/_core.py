@@ -55,7 +55,7 @@ from ._events import EventKind
 from ._identity import call_idempotency_key
 from ._keys import ARGS_MESSAGE_ID, BUSINESS_THREAD_ID, late_key, step_key, step_ordinal, step_parent
 from ._records import CallKey, ClaimResult, Record, Status, new_tuple
-from ._sealing import Sealer, unsealed
+from ._sealing import SIGNING_KEY_ENV, Sealer, is_sealed, unsealed
 
 OnLedgerError = Literal["warn", "raise"]
 
@@ -548,6 +548,13 @@ def _state_text(run: Run, status: Status) -> str | None:
         may_have_run = spent is not None and status is Status.IN_DOUBT
         return CallState(tuple(names), True, spent=spent, may_have_run=may_have_run, answers=run.answers).text()
     return STEPS_PREFIX + json.dumps(names) if names else None
+
+
+def _raised_on_approval(run: Run) -> str:
+    """The paused record of a call that raised on the approval it spent: that approval, its answers, and that
+    its side effect may have happened. No step names: as after a release, the retry's steps are not checked
+    against this run's (they replay by their own records)."""
+    return CallState((), True, spent=run.approval, may_have_run=True, answers=run.answers).text()
 
 
 #: A record that says nothing of steps or approvals.
@@ -1406,6 +1413,22 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
     elif not isinstance(exc, Exception):
         # Cancelled, interrupted, or a stream closed early: whether the side effect happened is unknown.
         yield from _finish(spec, run, Status.IN_DOUBT, _state_text(run, Status.IN_DOUBT), fail_closed=False)
+    elif run.approval is not None and (not isinstance(exc, spec.record_errors) or isinstance(exc, CONTROL_ERRORS)):
+        # Ran on an approval, now spent: its retry runs on a new one. Kept paused rather than released, so that
+        # the record keeps the ids of the answers it was decided on: released, it would forget them, and the
+        # framework's copy of the same answer would approve the retry (one approval, two runs).
+        yield from _finish(spec, run, Status.PAUSED, _raised_on_approval(run), fail_closed=False)
+        idempotency_key = call_idempotency_key(*key, spec.name)
+        run.host.emit(
+            EventKind.APPROVAL_REQUESTED,
+            f"{describe(spec.name, key)} raised {type(exc).__name__} on its approval, which it spent, so its side "
+            f"effect may have happened: look it up at the provider by the idempotency key {idempotency_key}. It is "
+            f"kept paused for a new decision: {_approve_command(key)}, or replaysafe.approvals.approve(...); then "
+            "call it again.",
+            tool_name=spec.name,
+            key=key,
+            idempotency_key=idempotency_key,
+        )
     elif not isinstance(exc, spec.record_errors) or isinstance(exc, CONTROL_ERRORS):
         # Other errors free the call for a retry; so does replaysafe's own (a step in progress, in
         # doubt or mismatched), which says nothing of how the tool would end: never its recorded failure.
@@ -1604,7 +1627,8 @@ def resolve(
     host: Host,
 ) -> Generator[Effect, Any, Record | None]:
     """Settle a call by hand: record the result ``encode()`` gives, or (``encode`` is
-    ``None``) remove the record so the call runs again. Returns the new record.
+    ``None``) remove the record so the call runs again (a call decided on answers: keep it
+    paused for a new decision, with their ids). Returns the new record.
 
     Only a call in doubt, or finished without a readable result, is settled unless
     ``force``; nor one whose owner still runs (it would find its claim gone when it
@@ -1630,23 +1654,54 @@ def resolve(
     encoded = None if encode is None else encode()
     if encoded is not None and sealer is not None:
         encoded = sealer.seal(key, record.tool_name, record.args_digest, Status.COMPLETED, encoded)
+    answers = _answers_kept(record, sealer) if encoded is None else ()
+    if answers and sealer is None and is_sealed(record.result):
+        raise ValueError(
+            f"{describe(record.tool_name, key)} was decided on a human's answers, in a ledger that seals its records: "
+            "a rerun keeps their ids in a paused record, which only the signing key can seal. Give the ledger its "
+            f"key (--signing-key-file PATH or ${SIGNING_KEY_ENV}) and rerun it again; nothing was changed"
+        )
     taken = yield Takeover(record, owner, now, now)
     if taken is None:
         raise RuntimeError(f"the record of {key} changed while resolving it; look at it again and retry")
     settled: Record | None = None
-    if encoded is None:
+    if answers:
+        # Decided on a human's answers: removed, the record would forget their ids, and a framework's copy of an
+        # answer the call ran on would approve the rerun. Kept paused for a new decision instead.
+        text = _sealed(
+            sealer,
+            key,
+            record.tool_name,
+            record.args_digest,
+            _PAUSED,
+            CallState(requested=True, answers=answers).text(),
+        )
+        yield Complete(key, owner, _PAUSED, text, now)
+        settled = yield Get(key)
+    elif encoded is None:
         yield Release(key, owner)
     else:
         yield Complete(key, owner, Status.COMPLETED, encoded, now)
         settled = yield Get(key)
+    done = "result recorded" if encoded is not None else "rerun, on a new decision" if answers else "rerun"
     host.emit(
         EventKind.RECONCILED,
-        f"{record.tool_name} ({key}) was settled by hand: " + ("rerun" if encoded is None else "result recorded"),
+        f"{record.tool_name} ({key}) was settled by hand: {done}",
         tool_name=record.tool_name,
         key=key,
         attempt=record.attempt,
     )
     return settled
+
+
+def _answers_kept(record: Record, sealer: Sealer | None) -> tuple[str, ...]:
+    """The ids of the answers ``record`` keeps (none from a record whose seal does not check: nothing it says
+    is trusted)."""
+    try:
+        text = unsealed(record.result) if sealer is None else sealer.open(record)
+    except TamperedRecordError:
+        return ()
+    return call_state(record, text).answers
 
 
 def request_decision(

@@ -39,7 +39,7 @@ from replaysafe._sealing import Sealer, unsealed
 from replaysafe.testing import SteppedClock
 
 from .cli import cli
-from .test_signing import KEY_B, signed  # noqa: F401  (signed: the fixture)
+from .test_signing import KEY_A, KEY_B, signed  # noqa: F401  (signed: the fixture)
 
 CHILD = str(Path(__file__).with_name("approvals_child.py"))
 
@@ -544,6 +544,27 @@ def test_a_forged_approval_is_refused_and_nothing_runs(signed: Any) -> None:  # 
     assert refunds.made == [("H1", 30)]
 
 
+def test_a_rerun_by_hand_on_a_signing_ledger_seals_the_answers_it_keeps(signed: Any) -> None:  # noqa: F811
+    """On a signing ledger the paused record a rerun by hand leaves is sealed: the call asks for a new decision
+    (no forgery reported). Without the signing key the rerun is refused, and nothing is changed."""
+    ledger, _, reopen = signed
+    refund_order, key, made = interrupted_on_its_approval(ledger, answer="first")
+    before = ledger.get(key)
+    with pytest.raises(ValueError, match="signing key") as refused:
+        reopen(None).resolve(key, rerun=True)
+    assert str(key.thread_id) in str(refused.value)
+    reopen(KEY_A)  # the memory ledger's own key back (the others reopened a ledger of their own)
+    assert ledger.get(key) == before
+    ledger.resolve(key, rerun=True)
+    approvals.approve(key, by="ana", ledger=ledger, answer="first")
+    with tool_call(*key), pytest.raises(ApprovalRequiredError):
+        refund_order(30)
+    approvals.approve(key, by="ana", ledger=ledger, answer="second")
+    with tool_call(*key), pytest.raises(Interrupted):
+        refund_order(30)
+    assert made == [30, 30]
+
+
 class _InterruptedAfterTheSpendingTakeover:
     """``ledger``, but the takeover that spends an approval lands and then its caller is interrupted: its
     outcome unknown to the call, which leaves it to be written in doubt later, as for a reply lost."""
@@ -707,6 +728,61 @@ def test_an_answer_handed_back_after_its_run_stopped_in_doubt_does_not_run_it_ag
     assert made == [30]
     status, state = state_of(ledger, key)
     assert status is Status.PAUSED and state.answers == ("first",) and state.decision is None
+
+
+def test_an_answer_a_call_raised_on_does_not_approve_its_retry(ledger: Ledger, events: list[Event]) -> None:
+    """A run that raised (an error not recorded) on its approval is kept paused, keeping the ids of the answers it
+    ran on: the same answer handed back (LangGraph's ``interrupt()`` on a retried task) decides nothing, so one
+    answer is one run; the retry runs on a new answer, and the approver is told the first may have taken effect."""
+    made: list[int] = []
+    AMOUNT = 987654321  # noqa: N806  # an argument value no message may carry (nine digits: not in a hex digest)
+
+    @replay_safe(ledger=ledger, needs_approval=True)
+    def refund_order(amount: int) -> str:
+        made.append(amount)  # the side effect, then the error: the provider charged, then timed out
+        if len(made) == 1:
+            raise TimeoutError("the provider timed out")
+        return "ok"
+
+    key = new_key()
+    with tool_call(*key), pytest.raises(ApprovalRequiredError):
+        refund_order(AMOUNT)
+    approvals.approve(key, by="ana", ledger=ledger, answer="interrupt-1")
+    with tool_call(*key), pytest.raises(TimeoutError):
+        refund_order(AMOUNT)
+    status, state = state_of(ledger, key)
+    assert status is Status.PAUSED and state.answers == ("interrupt-1",) and state.may_have_run
+    [raised] = [e for e in events if e.kind is EventKind.APPROVAL_REQUESTED and "TimeoutError" in e.message]
+    assert raised.key == key and "may have happened" in raised.message and str(AMOUNT) not in raised.message
+    for _ in range(2):
+        approvals.approve(key, by="ana", ledger=ledger, answer="interrupt-1")  # handed back: decides nothing
+        with tool_call(*key), pytest.raises(ApprovalRequiredError) as refused:
+            refund_order(AMOUNT)
+        assert refused.value.may_have_run is True
+    assert made == [AMOUNT]
+    approvals.approve(key, by="ana", ledger=ledger, answer="interrupt-2")
+    with tool_call(*key):
+        assert refund_order(AMOUNT) == "ok"
+    assert made == [AMOUNT, AMOUNT]
+
+
+def test_a_rerun_by_hand_of_a_call_decided_on_answers_waits_for_a_new_one(ledger: Ledger) -> None:
+    """``resolve(rerun=True)`` of a call in doubt on an approval: it runs again, on a new decision; the answer it
+    ran on, handed back, is not one (removed, the record would have forgotten it)."""
+    refund_order, key, made = interrupted_on_its_approval(ledger, answer="first")
+    settled = ledger.resolve(key, rerun=True)
+    assert settled is not None and settled.status is Status.PAUSED
+    status, state = state_of(ledger, key)
+    assert status is Status.PAUSED
+    assert state.answers == ("first",) and state.decision is None and state.spent is None
+    approvals.approve(key, by="ana", ledger=ledger, answer="first")
+    with tool_call(*key), pytest.raises(ApprovalRequiredError):
+        refund_order(30)
+    assert made == [30]
+    approvals.approve(key, by="ana", ledger=ledger, answer="second")
+    with tool_call(*key), pytest.raises(Interrupted):
+        refund_order(30)
+    assert made == [30, 30]
 
 
 def test_a_rejection_handed_back_does_not_undo_a_later_approval(ledger: Ledger) -> None:

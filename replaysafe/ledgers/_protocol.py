@@ -418,7 +418,9 @@ class LedgerBase:
 
         ``result=...`` records it as the call's result (a replay returns it, the tool
         does not run); ``rerun=True`` removes the record, so the next replay runs the
-        tool. Returns the new record (``None`` after ``rerun``). A call whose owner is
+        tool; a call decided on a human's answers (``approvals.approve(answer=...)``) is
+        kept paused for a new decision instead, keeping their ids (on a signing ledger,
+        only with its key). Returns the new record (``None`` after a removal). A call whose owner is
         still alive is refused unless ``force=True`` (its owner would then find its
         claim gone when it finishes, and report a duplicate execution).
         """
