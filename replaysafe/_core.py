@@ -1138,6 +1138,7 @@ def _ask_approval(
     may_have_run = state.may_have_run or state.spent is not None
     paused = CallState(state.steps, True, may_have_run=may_have_run, answers=state.answers)
     text = _sealed(sealer, key, spec.name, record.args_digest, _PAUSED, paused.text())
+    attempt = record.attempt
     if claimed:
         yield new_tuple(Complete, (key, owner, _PAUSED, text, host.now()))
     else:
@@ -1145,7 +1146,8 @@ def _ask_approval(
         taken: Record | None = yield from _take_over(Takeover(record, owner, now, now, _PAUSED, text))
         if taken is None:
             return
-    _approval_required(spec, host, key, may_have_run, announce=True)
+        attempt = taken.attempt
+    _approval_required(spec, host, key, may_have_run, announce=True, attempt=attempt)
 
 
 def _put_back(state: CallState, record: Record) -> CallState:
@@ -1184,11 +1186,14 @@ def _pause_for_approval(spec: ToolSpec, owned: Run, taken: Record, state: CallSt
     paused = CallState(state.steps, True, may_have_run=may_have_run, answers=state.answers)
     text = _sealed(owned.sealer, key, spec.name, taken.args_digest, _PAUSED, paused.text())
     now = host.now()
-    yield from _take_over(Takeover(taken, owned.owner or "", now, now, _PAUSED, text))
-    _approval_required(spec, host, key, may_have_run, announce=True)
+    paused_record = yield from _take_over(Takeover(taken, owned.owner or "", now, now, _PAUSED, text))
+    attempt = None if paused_record is None else paused_record.attempt
+    _approval_required(spec, host, key, may_have_run, announce=True, attempt=attempt)
 
 
-def _approval_required(spec: ToolSpec, host: Host, key: CallKey, may_have_run: bool, *, announce: bool) -> None:
+def _approval_required(
+    spec: ToolSpec, host: Host, key: CallKey, may_have_run: bool, *, announce: bool, attempt: int | None
+) -> None:
     idempotency_key = call_idempotency_key(*key, spec.name)
     warning = (
         f" Its last attempt ran on an approval and did not finish, so its side effect may have happened: look it "
@@ -1204,7 +1209,12 @@ def _approval_required(spec: ToolSpec, host: Host, key: CallKey, may_have_run: b
     if announce:
         host.emit(EventKind.APPROVAL_REQUESTED, message, tool_name=spec.name, key=key, idempotency_key=idempotency_key)
     raise ApprovalRequiredError(
-        message, may_have_run=may_have_run, idempotency_key=idempotency_key, tool_name=spec.name, key=key
+        message,
+        may_have_run=may_have_run,
+        idempotency_key=idempotency_key,
+        tool_name=spec.name,
+        key=key,
+        attempt=attempt,
     )
 
 
@@ -1239,7 +1249,7 @@ def _granted(
             reason="spent",
         )
     if verdict.reason == "spent" or verdict.reason == "missing":
-        _approval_required(spec, host, key, state.may_have_run, announce=False)
+        _approval_required(spec, host, key, state.may_have_run, announce=False, attempt=record.attempt)
     decision = state.decision
     if verdict.reason == "rejected":
         assert decision is not None

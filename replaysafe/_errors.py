@@ -138,6 +138,8 @@ class ApprovalRequiredError(ReplaySafeError):
 
     ``may_have_run`` is true when an earlier attempt ran on an approval and did not finish: its side
     effect may have happened, so the approver is asked again instead of the call running again.
+    ``attempt``: the attempt of the paused record that waits for the decision; a later attempt ran since, or
+    was decided, when it differs (a framework's answer to this question can name it).
     """
 
     def __init__(
@@ -148,10 +150,12 @@ class ApprovalRequiredError(ReplaySafeError):
         idempotency_key: str | None = None,
         tool_name: str | None = None,
         key: CallKey | None = None,
+        attempt: int | None = None,
     ) -> None:
         super().__init__(message, tool_name=tool_name, key=key)
         self.may_have_run = may_have_run
         self.idempotency_key = idempotency_key
+        self.attempt = attempt
 
 
 class ApprovalMismatchError(ReplayMismatchError):

@@ -745,7 +745,7 @@ def test_an_answer_a_call_raised_on_does_not_approve_its_retry(ledger: Ledger, e
         return "ok"
 
     key = new_key()
-    with tool_call(*key), pytest.raises(ApprovalRequiredError):
+    with tool_call(*key), pytest.raises(ApprovalRequiredError) as first:
         refund_order(AMOUNT)
     approvals.approve(key, by="ana", ledger=ledger, answer="interrupt-1")
     with tool_call(*key), pytest.raises(TimeoutError):
@@ -759,6 +759,11 @@ def test_an_answer_a_call_raised_on_does_not_approve_its_retry(ledger: Ledger, e
         with tool_call(*key), pytest.raises(ApprovalRequiredError) as refused:
             refund_order(AMOUNT)
         assert refused.value.may_have_run is True
+        # The question names the paused record's attempt: another than the first question's (an answer to
+        # that one, handed back, cannot pass for an answer to this one).
+        paused = ledger.get(key)
+        assert paused is not None and refused.value.attempt == paused.attempt != first.value.attempt
+    assert first.value.attempt is not None
     assert made == [AMOUNT]
     approvals.approve(key, by="ana", ledger=ledger, answer="interrupt-2")
     with tool_call(*key):

@@ -240,7 +240,9 @@ def answer(interrupts: Any, approval: ApprovalAnswer, paused: str) -> Any:
         if isinstance(value, Mapping) and "action_requests" in value:
             answered[asked.id] = {"decisions": [decision(approval, a["name"]) for a in value["action_requests"]]}
         elif isinstance(value, Mapping) and value.get("type") == "tool_approval":
-            answered[asked.id] = decision(approval, value["name"])
+            # After an attempt that may have taken effect, the adapter takes an approval that names that attempt.
+            shown = {"attempt": value["attempt"]} if value.get("may_have_run") else {}
+            answered[asked.id] = {**decision(approval, value["name"]), **shown}
         elif isinstance(value, str):  # a tool's own question (LangGraphDriver.ask): the human's answer
             answered[asked.id] = paused
         else:

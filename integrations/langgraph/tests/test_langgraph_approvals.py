@@ -600,6 +600,54 @@ def test_tool_node_with_several_calls_takes_an_answer_only_for_the_call_it_names
         }
 
 
+def test_tool_node_an_answer_the_call_raised_on_does_not_run_it_again_when_the_task_is_retried(
+    tmp_path: Path, events: list[replaysafe.Event]
+) -> None:
+    """The human approves the refund once; it refunds, then raises (the provider timed out). ``invoke(None)``
+    retries the task, and LangGraph hands the answer it kept to the interceptor twice: to the first question
+    (the answer the call ran on, decided once) and to the one the call now asks (its approval spent, it may have
+    run). Neither runs it: the human is asked, and an approval that names the attempt shown runs it once more."""
+    effects = str(tmp_path / "effects.log")
+
+    @replaysafe.replay_safe(needs_approval=True)
+    def refund_order(order_id: str, amount: int) -> str:
+        """Refund an order."""
+        append(effects, f"refund {order_id} {amount}")
+        if len(lines(effects)) == 1:
+            raise TimeoutError("the provider timed out")
+        return f"refunded {order_id} {amount}"
+
+    with (
+        SqliteLedger(tmp_path / "ledger.db") as ledger,
+        SqliteSaver.from_conn_string(str(tmp_path / "checkpoints.db")) as saver,
+    ):
+        node = replay_safe_tool_node([tool(refund_order)], ledger=ledger, approver="ana")
+        graph = state_graph(scripted(refund_call(30), final_answer(1)), node, saver)
+        config: Any = {"configurable": {"thread_id": THREAD}}
+
+        def run(inputs: Any) -> dict[str, Any]:
+            return outcome(graph, graph.invoke(inputs, config, version="v2", durability="sync"))
+
+        [value] = run({"messages": [HumanMessage("Refund order A1", id="human-turn1")]})["asked"]
+        assert asked_again(value) == "required"
+        with pytest.raises(TimeoutError):
+            run(Command(resume=APPROVE))
+        assert lines(effects) == ["refund A1 30"]
+        [value] = run(None)["asked"]  # the task retried: the answer LangGraph kept does not run it again
+        assert lines(effects) == ["refund A1 30"]
+        assert (asked_again(value), value["may_have_run"]) == ("may_have_run", True)
+        paused = ledger.get(KEY)
+        assert paused is not None
+        assert value["attempt"] == paused.attempt
+        assert '"attempt": ' in value["description"]
+        [value] = run(Command(resume=APPROVE))["asked"]  # names no attempt: not taken
+        assert lines(effects) == ["refund A1 30"]
+        done = run(Command(resume={**APPROVE, "attempt": value["attempt"]}))
+        assert lines(effects) == ["refund A1 30", "refund A1 30"]
+        assert done["results"] == {"call_1": "refunded A1 30"}
+    assert [kind for kind, _ in approval_events(events)].count("approved") == 2
+
+
 def test_a_reviewed_tool_that_calls_interrupt_itself_stops_the_run_saying_so(tmp_path: Path) -> None:
     """The tool's pause spends its approval; on the answer to the tool's own question the adapter asks for a new
     approval, and LangGraph hands it that answer (by its order in the task). The run stops with a ValueError that

@@ -115,6 +115,8 @@ class Answer:
     reason: str | None = None
     #: The call the human named (``"tool_call_id"`` in the decision), if any.
     call_id: str | None = None
+    #: The attempt the human was shown (``"attempt"`` in the decision), if any.
+    attempt: int | None = None
 
 
 def approval_request(request: ToolCallRequest, refused: BaseException, *, name_the_call: bool) -> dict[str, Any]:
@@ -123,9 +125,11 @@ def approval_request(request: ToolCallRequest, refused: BaseException, *, name_t
     Shaped as ``HumanInTheLoopMiddleware``'s per-call ``ToolApprovalRequest`` (``type="tool_approval"``),
     answered the same way (``{"type": "approve"}``, ``{"type": "edit", "edited_action": {...}}``,
     ``{"type": "reject", "message": ...}``), with why it is asked again: ``reason`` (``may_have_run``,
-    ``expired``, ``mismatch``, ``required``) and the call's ``idempotency_key``. ``name_the_call``: other calls
-    of the same task may ask too, and LangGraph hands a task's answers back by their order alone, so only an
-    answer that names this call (``"tool_call_id"``) is taken for it.
+    ``expired``, ``mismatch``, ``required``), the call's ``idempotency_key`` and the ``attempt`` of its paused
+    record. ``name_the_call``: other calls of the same task may ask too, and LangGraph hands a task's answers
+    back by their order alone, so only an answer that names this call (``"tool_call_id"``) is taken for it.
+    After an attempt that may have taken effect, only an approval that names the attempt it was shown
+    (``"attempt"``) is taken: LangGraph may hand an earlier answer back to this question.
     """
     call = request.tool_call
     may_have_run = bool(getattr(refused, "may_have_run", False))
@@ -137,12 +141,18 @@ def approval_request(request: ToolCallRequest, refused: BaseException, *, name_t
         reason = "mismatch"
     else:
         reason = "required"
+    attempt = getattr(refused, "attempt", None)
     naming = (
         f' This step runs several tool calls: name this one in your answer ("tool_call_id": {call["id"]!r}); '
         "an answer that names no call is not taken for it."
         if name_the_call
         else ""
     )
+    if may_have_run:
+        naming += (
+            f' To run it again, approve naming the attempt you were shown ("attempt": {attempt}) once you checked '
+            "the provider; an approval that names no attempt, or another, is not taken."
+        )
     return {
         "type": "tool_approval",
         "tool_call_id": call["id"],
@@ -152,6 +162,7 @@ def approval_request(request: ToolCallRequest, refused: BaseException, *, name_t
         "reason": reason,
         "may_have_run": may_have_run,
         "idempotency_key": getattr(refused, "idempotency_key", None),
+        "attempt": attempt,
         "name_the_call": name_the_call,
     }
 
@@ -165,8 +176,14 @@ def answer_of(value: Any, request: ToolCallRequest) -> Answer:
         raise ValueError(
             f"a decision's tool_call_id names the call it answers: a str, such as {request.tool_call['id']!r}"
         )
+    attempt = value.get("attempt") if isinstance(value, Mapping) else None
+    if attempt is not None and (not isinstance(attempt, int) or isinstance(attempt, bool)):
+        raise ValueError(
+            f"a decision's attempt names the attempt of {request.tool_call['name']} (tool call "
+            f'{request.tool_call["id"]}) it was shown: an int, the question\'s "attempt"'
+        )
     answer = _decision_of(value, kind, request)
-    return dataclasses.replace(answer, call_id=named)
+    return dataclasses.replace(answer, call_id=named, attempt=attempt)
 
 
 def _decision_of(value: Any, kind: object, request: ToolCallRequest) -> Answer:

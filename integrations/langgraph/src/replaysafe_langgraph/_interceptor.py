@@ -302,6 +302,11 @@ class ReplaySafeInterceptor:
             raise refused
         alone = self._alone_in_task(request)
         answer = answer_of(interrupt(approval_request(request, refused, name_the_call=not alone)), request)
+        # LangGraph may hand an answer it kept for an earlier question (one the call ran on, then raised) to this
+        # one: after an attempt that may have taken effect, only an approval naming the attempt shown is taken.
+        shown = getattr(refused, "attempt", None)
+        if answer.kind != "reject" and getattr(refused, "may_have_run", False) and answer.attempt != shown:
+            return None
         if answer.call_id is None:
             return answer if alone else None
         return answer if answer.call_id == request.tool_call["id"] else None
