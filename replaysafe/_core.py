@@ -557,6 +557,47 @@ def _raised_on_approval(run: Run) -> str:
     return CallState((), True, spent=run.approval, may_have_run=True, answers=run.answers).text()
 
 
+def _pause_raised_on_approval(spec: ToolSpec, run: Run, exc: BaseException) -> Generator[Effect, Any, None]:
+    """Keep the call ``run`` ran on an approval, and that raised, paused for a new decision. A takeover of its
+    running record, not a finishing write: a paused record that says an attempt may have run never expires
+    (expired, its answers' ids would go with it)."""
+    key, host, owner = run.call.key, run.host, run.owner
+    assert owner is not None
+    text = _raised_on_approval(run)
+    try:
+        for _ in range(3):  # a renewal of the lease between the read and the takeover changes the record
+            record: Record | None = yield Get(key)
+            if record is None or record.owner != owner or record.status is not Status.RUNNING:
+                return  # taken over, or settled by hand, meanwhile: no longer this run's to write
+            sealed = _sealed(run.sealer, key, spec.name, record.args_digest, _PAUSED, text)
+            now = host.now()
+            takeover = Takeover(record, owner, now, now, _PAUSED, sealed, doubt=(_PAUSED, sealed))
+            if (yield from _take_over(takeover)) is not None:
+                break
+        else:  # still renewed under it: a finishing write (the record then expires with the ledger's ttl)
+            yield from _finish(spec, run, Status.PAUSED, text, fail_closed=False)
+    except LedgerError as error:
+        host.emit(
+            EventKind.LEDGER_ERROR,
+            f"{describe(spec.name, key)} raised on its approval, and could not be kept paused for a new decision: "
+            f"{error} A replay treats the call as running until its owner is known dead or its lease ends.",
+            tool_name=spec.name,
+            key=key,
+        )
+        return
+    idempotency_key = call_idempotency_key(*key, spec.name)
+    host.emit(
+        EventKind.APPROVAL_REQUESTED,
+        f"{describe(spec.name, key)} raised {type(exc).__name__} on its approval, which it spent, so its side "
+        f"effect may have happened: look it up at the provider by the idempotency key {idempotency_key}. It is "
+        f"kept paused for a new decision: {_approve_command(key)}, or replaysafe.approvals.approve(...); then "
+        "call it again.",
+        tool_name=spec.name,
+        key=key,
+        idempotency_key=idempotency_key,
+    )
+
+
 #: A record that says nothing of steps or approvals.
 _NO_STATE = CallState()
 
@@ -1427,18 +1468,7 @@ def settle_error(spec: ToolSpec, scope: CallScope, run: Run, exc: BaseException)
         # Ran on an approval, now spent: its retry runs on a new one. Kept paused rather than released, so that
         # the record keeps the ids of the answers it was decided on: released, it would forget them, and the
         # framework's copy of the same answer would approve the retry (one approval, two runs).
-        yield from _finish(spec, run, Status.PAUSED, _raised_on_approval(run), fail_closed=False)
-        idempotency_key = call_idempotency_key(*key, spec.name)
-        run.host.emit(
-            EventKind.APPROVAL_REQUESTED,
-            f"{describe(spec.name, key)} raised {type(exc).__name__} on its approval, which it spent, so its side "
-            f"effect may have happened: look it up at the provider by the idempotency key {idempotency_key}. It is "
-            f"kept paused for a new decision: {_approve_command(key)}, or replaysafe.approvals.approve(...); then "
-            "call it again.",
-            tool_name=spec.name,
-            key=key,
-            idempotency_key=idempotency_key,
-        )
+        yield from _pause_raised_on_approval(spec, run, exc)
     elif not isinstance(exc, spec.record_errors) or isinstance(exc, CONTROL_ERRORS):
         # Other errors free the call for a retry; so does replaysafe's own (a step in progress, in
         # doubt or mismatched), which says nothing of how the tool would end: never its recorded failure.
@@ -1664,33 +1694,22 @@ def resolve(
     encoded = None if encode is None else encode()
     if encoded is not None and sealer is not None:
         encoded = sealer.seal(key, record.tool_name, record.args_digest, Status.COMPLETED, encoded)
-    answers = _answers_kept(record, sealer) if encoded is None else ()
-    if answers and sealer is None and is_sealed(record.result):
-        raise ValueError(
-            f"{describe(record.tool_name, key)} was decided on a human's answers, in a ledger that seals its records: "
-            "a rerun keeps their ids in a paused record, which only the signing key can seal. Give the ledger its "
-            f"key (--signing-key-file PATH or ${SIGNING_KEY_ENV}) and rerun it again; nothing was changed"
-        )
-    taken = yield Takeover(record, owner, now, now)
-    if taken is None:
-        raise RuntimeError(f"the record of {key} changed while resolving it; look at it again and retry")
-    settled: Record | None = None
+    answers = answers_a_rerun_keeps(record, sealer) if encoded is None else ()
+    takeover = Takeover(record, owner, now, now)
     if answers:
         # Decided on a human's answers: removed, the record would forget their ids, and a framework's copy of an
-        # answer the call ran on would approve the rerun. Kept paused for a new decision instead.
-        text = _sealed(
-            sealer,
-            key,
-            record.tool_name,
-            record.args_digest,
-            _PAUSED,
-            CallState(requested=True, answers=answers).text(),
-        )
-        yield Complete(key, owner, _PAUSED, text, now)
-        settled = yield Get(key)
-    elif encoded is None:
+        # answer the call ran on would approve the rerun. Kept paused for a new decision instead, in the takeover
+        # itself (a finishing write would expire with the ledger's ttl).
+        text = CallState(requested=True, answers=answers).text()
+        sealed = _sealed(sealer, key, record.tool_name, record.args_digest, _PAUSED, text)
+        takeover = Takeover(record, owner, now, now, _PAUSED, sealed, doubt=(_PAUSED, sealed))
+    taken: Record | None = yield takeover
+    if taken is None:
+        raise RuntimeError(f"the record of {key} changed while resolving it; look at it again and retry")
+    settled: Record | None = taken if answers else None
+    if not answers and encoded is None:
         yield Release(key, owner)
-    else:
+    elif not answers:
         yield Complete(key, owner, Status.COMPLETED, encoded, now)
         settled = yield Get(key)
     done = "result recorded" if encoded is not None else "rerun, on a new decision" if answers else "rerun"
@@ -1704,14 +1723,29 @@ def resolve(
     return settled
 
 
-def _answers_kept(record: Record, sealer: Sealer | None) -> tuple[str, ...]:
-    """The ids of the answers ``record`` keeps (none from a record whose seal does not check: nothing it says
-    is trusted)."""
-    try:
-        text = unsealed(record.result) if sealer is None else sealer.open(record)
-    except TamperedRecordError:
+def answers_a_rerun_keeps(record: Record, sealer: Sealer | None) -> tuple[str, ...]:
+    """The ids of the answers a rerun by hand of ``record`` keeps; ``ValueError`` (nothing changed) when the
+    record says it keeps some and its seal cannot be checked: the paused record that keeps them must be sealed,
+    and a record whose seal does not check says nothing that can be trusted, nor may it be removed on that word."""
+    if not call_state(record, unsealed(record.result)).answers:
         return ()
-    return call_state(record, text).answers
+    if sealer is None and not is_sealed(record.result):
+        return call_state(record, unsealed(record.result)).answers
+    call = describe(record.tool_name, record.key)
+    if sealer is None:
+        raise ValueError(
+            f"{call} was decided on a human's answers, in a ledger that seals its records: a rerun keeps their ids "
+            f"in a paused record, which only the signing key can seal. Give the ledger its key (--signing-key-file "
+            f"PATH or ${SIGNING_KEY_ENV}) and rerun it again; nothing was changed"
+        )
+    try:
+        return call_state(record, sealer.open(record)).answers
+    except TamperedRecordError:
+        raise ValueError(
+            f"{call} was decided on a human's answers, and its seal does not check with this ledger's key: a "
+            "rerun would trust what it says. Give the key it was sealed with, or inspect it (replaysafe ledger "
+            "show); nothing was changed"
+        ) from None
 
 
 def request_decision(

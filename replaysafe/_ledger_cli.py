@@ -46,7 +46,7 @@ from . import approvals
 from ._approvals import STATE_PREFIX, CallState, parse_state
 from ._clock import utcnow
 from ._constants import LEDGER_URL_ENV
-from ._core import STEPS_PREFIX, Verdict, judge
+from ._core import STEPS_PREFIX, Verdict, answers_a_rerun_keeps, judge
 from ._errors import LedgerError, ReplaySafeError, TamperedRecordError
 from ._identity import call_idempotency_key
 from ._keys import late_result_of, step_parent, undo_key
@@ -230,7 +230,12 @@ def add_commands(commands: Any) -> None:
         "adapter records: a CallToolResult with one text block for an MCP call, a JSON string for a tool "
         "recorded by replaysafe's JSON codec. Needs --shape when the ledger cannot tell the shape",
     )
-    how.add_argument("--rerun", action="store_true", help="remove the record so the next replay runs the tool")
+    how.add_argument(
+        "--rerun",
+        action="store_true",
+        help="remove the record so the next replay runs the tool (a call decided on a human's answers: keep it "
+        "paused for a new decision)",
+    )
     resolve.add_argument(
         "--shape",
         metavar="NAME",
@@ -1190,7 +1195,15 @@ def _resolve(ledger: Ledger, args: argparse.Namespace, output: Output) -> int:
     notes: list[str] = []
     shape: ResultShape | None = None
     if known is None:
-        what = "remove its record, so the next replay runs the tool again"
+        try:
+            kept = answers_a_rerun_keeps(record, ledger.sealer)
+        except ValueError as exc:
+            raise CommandError(str(exc), EXIT_NO_KEY if ledger.sealer is None else EXIT_WRONG_KEY) from None
+        what = (
+            "keep it paused for a new decision (it was decided on a human's answers, whose ids its record keeps)"
+            if kept
+            else "remove its record, so the next replay runs the tool again"
+        )
         result: Any = None
     else:
         finished = _finished_results(ledger, record)

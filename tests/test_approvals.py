@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import replaysafe
 from replaysafe import (
     RERUN,
     ApprovalExpiredError,
@@ -544,15 +545,51 @@ def test_a_forged_approval_is_refused_and_nothing_runs(signed: Any) -> None:  # 
     assert refunds.made == [("H1", 30)]
 
 
+def test_the_answers_a_call_keeps_after_a_raise_or_a_rerun_by_hand_do_not_expire(
+    durable_ledger_url: str, replaysafe_clock: SteppedClock
+) -> None:
+    """On a ledger with a ttl, the paused records that keep a call's answers (its run raised on its approval; a
+    rerun by hand of a call in doubt on one) never expire: expired, the answer handed back would run it again."""
+    ttl = timedelta(seconds=60)
+    with replaysafe.open_ledger(durable_ledger_url, ttl=ttl.total_seconds()) as ledger:
+        raised: list[int] = []
+
+        @replay_safe(ledger=ledger, needs_approval=True)
+        def refund_order(amount: int) -> str:
+            raised.append(amount)
+            raise TimeoutError("the provider timed out")
+
+        key = new_key()
+        with tool_call(*key), pytest.raises(ApprovalRequiredError):
+            refund_order(30)
+        approvals.approve(key, by="ana", ledger=ledger, answer="first")
+        with tool_call(*key), pytest.raises(TimeoutError):
+            refund_order(30)
+        rerun, rerun_key, made = interrupted_on_its_approval(ledger, answer="first")
+        ledger.resolve(rerun_key, rerun=True)
+        for call in (key, rerun_key):
+            record = ledger.get(call)
+            assert record is not None and record.status is Status.PAUSED and record.expires_at is None
+        replaysafe_clock.advance(ttl * 2)  # the SQL ledgers expire at this clock (Redis: expires_at is the key's)
+        for tool, call in ((refund_order, key), (rerun, rerun_key)):
+            approvals.approve(call, by="ana", ledger=ledger, answer="first")  # handed back: decides nothing
+            with tool_call(*call), pytest.raises(ApprovalRequiredError):
+                tool(30)
+        assert (raised, made) == ([30], [30])
+
+
 def test_a_rerun_by_hand_on_a_signing_ledger_seals_the_answers_it_keeps(signed: Any) -> None:  # noqa: F811
     """On a signing ledger the paused record a rerun by hand leaves is sealed: the call asks for a new decision
-    (no forgery reported). Without the signing key the rerun is refused, and nothing is changed."""
+    (no forgery reported). Without the signing key, or with another, the rerun is refused, and nothing is
+    changed."""
     ledger, _, reopen = signed
     refund_order, key, made = interrupted_on_its_approval(ledger, answer="first")
     before = ledger.get(key)
     with pytest.raises(ValueError, match="signing key") as refused:
         reopen(None).resolve(key, rerun=True)
     assert str(key.thread_id) in str(refused.value)
+    with pytest.raises(ValueError, match="does not check"):  # another key: what the record says is not trusted
+        reopen(KEY_B).resolve(key, rerun=True)
     reopen(KEY_A)  # the memory ledger's own key back (the others reopened a ledger of their own)
     assert ledger.get(key) == before
     ledger.resolve(key, rerun=True)
@@ -563,6 +600,34 @@ def test_a_rerun_by_hand_on_a_signing_ledger_seals_the_answers_it_keeps(signed: 
     with tool_call(*key), pytest.raises(Interrupted):
         refund_order(30)
     assert made == [30, 30]
+
+
+def test_the_cli_reruns_a_call_decided_on_answers_only_with_the_key_that_seals_them(tmp_path: Path) -> None:
+    """``ledger resolve --rerun`` of a call decided on a human's answers, on a ledger that seals: refused before it
+    asks for confirmation without the key (exit 5) or with another (exit 6), nothing changed; with the key, it
+    says what it does (the call is kept paused for a new decision), and does it."""
+    url = f"sqlite:///{tmp_path / 'signed.db'}"
+    with replaysafe.open_ledger(url, signing_key=KEY_A) as ledger:
+        _, key, _ = interrupted_on_its_approval(ledger, answer="first")
+        before = ledger.get(key)
+        wrong = tmp_path / "wrong.key"
+        wrong.write_text(KEY_B)
+        rerun = ("ledger", "--ledger", url, "resolve", *key, "--rerun")
+        without = cli(*rerun, stdin="y\n")
+        assert without.returncode == 5, without.stderr
+        assert key.thread_id in without.stderr and "signing key" in without.stderr and "Settle it" not in without.stdout
+        other = cli("ledger", "--ledger", url, "--signing-key-file", str(wrong), *rerun[3:], "--yes")
+        assert other.returncode == 6, other.stderr
+        assert "does not check" in other.stderr
+        assert ledger.get(key) == before
+        done = cli(*rerun, "--yes", env={"REPLAYSAFE_SIGNING_KEY": KEY_A})
+        assert done.returncode == 0, done.stderr
+        assert "keep it paused for a new decision" in done.stdout
+        paused = ledger.get(key)
+        assert paused is not None and paused.status is Status.PAUSED
+        assert ledger.sealer is not None
+        state = parse_state(ledger.sealer.open(paused) or "")  # sealed with the ledger's key: it checks
+        assert state is not None and state.answers == ("first",) and state.decision is None
 
 
 class _InterruptedAfterTheSpendingTakeover:

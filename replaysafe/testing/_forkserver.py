@@ -196,14 +196,15 @@ def main() -> None:
         return
     preload = json.loads(sys.stdin.readline())
     # The runs share the objects of every module imported here, and a run's garbage collections walked them all
-    # (most of a run's time) and wrote to their pages (copying them). Imported with collections off (no holes
-    # left in those pages), then frozen: a run's collections see only the objects the run made.
+    # (most of a run's time) and wrote to their pages (copying them). Imported with collections off (fewer holes
+    # left in those pages), collected once, then frozen: a run's collections see only the objects the run made.
     gc.disable()
     given = json.loads(os.environ.get(_case.SYS_PATH_ENV, "[]"))
     sys.path.extend(path for path in given if path not in sys.path)
     from . import _crashtest_child  # noqa: F401  # the run's own code, imported once too
 
     _preload(preload)
+    gc.collect()  # what the imports left for the collector (finalizers, dead classes): gone before freezing
     gc.freeze()
     # Forking a process that runs threads copies their locks mid-use: such a server is not used.
     forks = threading.active_count() == 1
