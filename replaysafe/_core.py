@@ -1727,10 +1727,9 @@ def answers_a_rerun_keeps(record: Record, sealer: Sealer | None) -> tuple[str, .
     """The ids of the answers a rerun by hand of ``record`` keeps; ``ValueError`` (nothing changed) when the
     record says it keeps some and its seal cannot be checked: the paused record that keeps them must be sealed,
     and a record whose seal does not check says nothing that can be trusted, nor may it be removed on that word."""
-    if not call_state(record, unsealed(record.result)).answers:
-        return ()
-    if sealer is None and not is_sealed(record.result):
-        return call_state(record, unsealed(record.result)).answers
+    unchecked = call_state(record, unsealed(record.result)).answers
+    if not unchecked or (sealer is None and not is_sealed(record.result)):
+        return unchecked
     call = describe(record.tool_name, record.key)
     if sealer is None:
         raise ValueError(
